@@ -1,0 +1,183 @@
+"""One typed configuration model for the jobs, the CLI and the CDK app.
+
+A `LakehouseConfig` says *where things are* (Kafka, MySQL, the Iceberg catalog, the warehouse) for
+one environment. `local` is read from the embedded stack's state file; `dev`/`prod` are built from
+the values the CDK deployer passes to EMR steps (bootstrap brokers, secret ids, bucket names).
+Nothing here reads hidden context: callers pass values in, or call a named constructor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+CATALOG_NAME = "lakehouse"
+NAMESPACES = ("dim_db", "ods_behavior", "ads_behavior")
+CLICK_TOPIC = "clicktopic"
+CLICK_TOPIC_PARTITIONS = 3
+SOURCE_DATABASE = "user_db"
+STATE_FILE = "stack.json"
+
+EnvName = Literal["local", "dev", "prod"]
+ENVIRONMENTS: tuple[str, ...] = ("local", "dev", "prod")
+
+
+class ConfigError(RuntimeError):
+    """A configuration problem the user can fix; the message says how."""
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    bootstrap: str
+    topic: str = CLICK_TOPIC
+    partitions: int = CLICK_TOPIC_PARTITIONS
+    # "plaintext" for the local broker; "iam" for MSK (TLS + SASL/OAUTHBEARER via the MSK signer).
+    auth: Literal["plaintext", "iam"] = "plaintext"
+    region: str | None = None
+
+    def client_properties(self) -> dict[str, object]:
+        """librdkafka properties for this cluster (without the IAM token callback)."""
+        props: dict[str, object] = {"bootstrap.servers": self.bootstrap}
+        if self.auth == "iam":
+            props.update({"security.protocol": "SASL_SSL", "sasl.mechanisms": "OAUTHBEARER"})
+        return props
+
+
+@dataclass(frozen=True)
+class MySqlConfig:
+    host: str
+    port: int
+    database: str = SOURCE_DATABASE
+    # Local: credentials come from the stack's state file. AWS: from Secrets Manager by id.
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    cdc_user: str | None = None
+    cdc_password: str | None = field(default=None, repr=False)
+    secret_id: str | None = None
+    cdc_secret_id: str | None = None
+    server_id: int = 4201  # replication client id; must differ from the server's own
+
+    def __repr__(self) -> str:  # never leak passwords into logs
+        return f"MySqlConfig(host={self.host!r}, port={self.port}, database={self.database!r})"
+
+
+@dataclass(frozen=True)
+class CatalogConfig:
+    warehouse: str
+    name: str = CATALOG_NAME
+    # "jdbc-sqlite": Iceberg JdbcCatalog on a SQLite file (local). "glue": AWS Glue Data Catalog.
+    kind: Literal["jdbc-sqlite", "glue"] = "jdbc-sqlite"
+    sqlite_path: str | None = None
+
+    @property
+    def uri(self) -> str | None:
+        """SQLAlchemy URI (pyiceberg SqlCatalog) of the local catalog."""
+        return f"sqlite:///{self.sqlite_path}" if self.sqlite_path else None
+
+    @property
+    def jdbc_uri(self) -> str | None:
+        return f"jdbc:sqlite:{self.sqlite_path}" if self.sqlite_path else None
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    master: str | None = "local[*]"  # None on EMR: YARN decides
+    driver_memory: str = "3g"
+    shuffle_partitions: int = 4
+    jars: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LakehouseConfig:
+    env: str
+    kafka: KafkaConfig
+    mysql: MySqlConfig
+    catalog: CatalogConfig
+    spark: SparkConfig
+    region: str | None = None
+    checkpoint_dir: str | None = None  # scratch space for jobs (local state dir or S3 prefix)
+
+    @property
+    def is_local(self) -> bool:
+        return self.env == "local"
+
+    def table(self, namespace: str, name: str) -> str:
+        """Fully qualified Spark identifier: `lakehouse.ns.table`."""
+        return f"{self.catalog.name}.{namespace}.{name}"
+
+    # ---- constructors -------------------------------------------------------------------------
+
+    @classmethod
+    def local(cls, home: str | os.PathLike[str] | None = None) -> LakehouseConfig:
+        """Config of the running embedded stack, read from `$LAKEHOUSE_HOME/stack.json`."""
+        home_path = local_home(home)
+        state_path = home_path / STATE_FILE
+        if not state_path.exists():
+            raise ConfigError(
+                f"no local stack state at {state_path}: run `lakehouse local up` first"
+            )
+        state = json.loads(state_path.read_text())
+        return cls.from_local_state(state)
+
+    @classmethod
+    def from_local_state(cls, state: dict) -> LakehouseConfig:
+        m = state["mysql"]
+        return cls(
+            env="local",
+            kafka=KafkaConfig(bootstrap=state["kafka"]["bootstrap"], topic=state["kafka"]["topic"]),
+            mysql=MySqlConfig(
+                host=m["host"],
+                port=int(m["port"]),
+                database=m["database"],
+                user=m["user"],
+                password=m["password"],
+                cdc_user=m["cdc_user"],
+                cdc_password=m["cdc_password"],
+            ),
+            catalog=CatalogConfig(
+                warehouse=state["catalog"]["warehouse"],
+                sqlite_path=state["catalog"]["sqlite_path"],
+            ),
+            spark=SparkConfig(jars=tuple(state.get("spark_jars", ()))),
+            checkpoint_dir=state.get("checkpoint_dir"),
+        )
+
+    @classmethod
+    def aws(
+        cls,
+        *,
+        env: str,
+        region: str,
+        warehouse: str,
+        kafka_bootstrap: str,
+        mysql_host: str,
+        mysql_port: int = 3306,
+        mysql_cdc_secret_id: str,
+        checkpoint_dir: str | None = None,
+    ) -> LakehouseConfig:
+        """Config on EMR: values come from the deployer (CDK step arguments)."""
+        if env not in ("dev", "prod"):
+            raise ConfigError(f"unknown AWS environment {env!r}: use dev or prod")
+        if not warehouse.startswith("s3://"):
+            raise ConfigError(f"warehouse must be an s3:// URI on AWS, got {warehouse!r}")
+        return cls(
+            env=env,
+            region=region,
+            kafka=KafkaConfig(bootstrap=kafka_bootstrap, auth="iam", region=region),
+            mysql=MySqlConfig(host=mysql_host, port=mysql_port, cdc_secret_id=mysql_cdc_secret_id),
+            catalog=CatalogConfig(warehouse=warehouse, kind="glue"),
+            spark=SparkConfig(master=None, driver_memory="4g", shuffle_partitions=32),
+            checkpoint_dir=checkpoint_dir,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def local_home(home: str | os.PathLike[str] | None = None) -> Path:
+    """The local state directory: explicit argument, else `$LAKEHOUSE_HOME`, else `./.lakehouse`."""
+    raw = home if home is not None else os.environ.get("LAKEHOUSE_HOME", ".lakehouse")
+    return Path(raw).expanduser().resolve()
