@@ -1,0 +1,52 @@
+# The two commands a user needs: `make demo` and `make test`. Both run `make setup` first.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+CDK := node_modules/.bin/cdk
+export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+DEMO_SECONDS ?= 120
+PYTEST_ARGS ?=
+
+.PHONY: setup system jars cli demo test test-fast bench synth lint clean
+
+setup: system $(STAMP) jars cli ## Install everything (idempotent; fast when done)
+
+system:
+	@scripts/setup-system.sh
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[local,infra,dev]'
+	@touch $@
+
+jars: $(STAMP)
+	@scripts/build_iceberg_jars.sh $(VENV)
+
+cli: $(CDK)
+$(CDK): package.json
+	npm install --no-audit --no-fund --loglevel=error
+	@touch $@
+
+demo: setup ## Run the pipeline end to end on the embedded local stack
+	$(VENV)/bin/lakehouse demo --seconds $(DEMO_SECONDS)
+
+test: setup ## Run the whole test suite (starts its own stack on other ports)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup ## Benchmarks; prints tables and writes bench/results/*.json
+	$(PY) -m bench
+
+synth: setup ## Synthesize the CDK app for dev and prod into cdk.out/<env>
+	@for env in dev prod; do \
+	  echo "cdk synth -c env=$$env"; \
+	  $(CDK) synth --all -q -c env=$$env -o cdk.out/$$env || exit 1; \
+	done
+
+lint: setup
+	$(VENV)/bin/ruff check lakehouse jobs infra tests bench app.py
+
+clean:
+	rm -rf cdk.out .pytest_cache

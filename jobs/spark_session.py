@@ -1,0 +1,92 @@
+"""The one Spark session factory every job uses: local (SQLite JDBC catalog) or EMR (Glue)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from lakehouse.config import ConfigError, LakehouseConfig
+from lakehouse.local.catalog import BUSY_TIMEOUT_MS
+
+ICEBERG_RUNTIME_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
+# Built by `make setup` (scripts/build_iceberg_jars.sh): the relocated Jackson the runtime jar lacks.
+JACKSON_RELOCATED_JAR = "iceberg-jackson-relocated-2.15.2.jar"
+SQLITE_JDBC_JAR = Path("/usr/share/java/sqlite-jdbc.jar")
+
+
+def local_spark_jars() -> tuple[str, ...]:
+    """Iceberg runtime (from the PyPI wheel), relocated Jackson (built at setup), SQLite JDBC."""
+    spec = importlib.util.find_spec("snowpark_connect_deps_iceberg")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("Iceberg jars not installed: run `make setup`")
+    runtime = Path(next(iter(spec.submodule_search_locations))) / "jars" / ICEBERG_RUNTIME_JAR
+    jackson = Path(sys.prefix) / "share" / "lakehouse" / "jars" / JACKSON_RELOCATED_JAR
+    for jar, fix in (
+        (runtime, "reinstall the venv with `make setup`"),
+        (jackson, "build it with `make setup`"),
+        (SQLITE_JDBC_JAR, "install Debian package libxerial-sqlite-jdbc-java (`make setup`)"),
+    ):
+        if not jar.exists():
+            raise ConfigError(f"missing Spark jar {jar}: {fix}")
+    return (str(runtime), str(jackson), str(SQLITE_JDBC_JAR))
+
+
+def spark_conf(config: LakehouseConfig) -> dict[str, str]:
+    """Every Spark setting the jobs depend on, derived from the config alone."""
+    cat = f"spark.sql.catalog.{config.catalog.name}"
+    conf = {
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        cat: "org.apache.iceberg.spark.SparkCatalog",
+        f"{cat}.warehouse": config.catalog.warehouse,
+        # Jobs in other processes commit to the same tables; always read the latest metadata.
+        f"{cat}.cache-enabled": "false",
+        "spark.sql.defaultCatalog": config.catalog.name,
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(config.spark.shuffle_partitions),
+    }
+    if config.catalog.kind == "jdbc-sqlite":
+        conf.update(
+            {
+                f"{cat}.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+                f"{cat}.uri": config.catalog.jdbc_uri or "",
+                f"{cat}.jdbc.schema-version": "V1",
+                # Passed to the SQLite driver: wait for a lock instead of failing the commit.
+                f"{cat}.jdbc.busy_timeout": str(BUSY_TIMEOUT_MS),
+                "spark.jars": ",".join(config.spark.jars or local_spark_jars()),
+                "spark.driver.memory": config.spark.driver_memory,
+                "spark.driver.host": "127.0.0.1",
+                "spark.driver.bindAddress": "127.0.0.1",
+                "spark.ui.enabled": "false",
+                "spark.sql.adaptive.coalescePartitions.enabled": "true",
+                "spark.driver.extraJavaOptions": "-Duser.timezone=UTC -XX:+UseG1GC",
+            }
+        )
+    else:
+        # On EMR the Iceberg jar comes from the `iceberg-defaults` classification.
+        conf.update(
+            {
+                f"{cat}.type": "glue",
+                f"{cat}.io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+            }
+        )
+        if config.region:
+            conf[f"{cat}.client.region"] = config.region
+    return conf
+
+
+def build_spark(
+    config: LakehouseConfig, app_name: str, extra_conf: Mapping[str, str] | None = None
+):
+    """Create (or reuse) the SparkSession for `config`. Jobs never build sessions themselves."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if config.spark.master:
+        builder = builder.master(config.spark.master)
+    for key, value in {**spark_conf(config), **(extra_conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

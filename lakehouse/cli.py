@@ -1,0 +1,120 @@
+"""The `lakehouse` command: local stack, ad-hoc SQL, data generator and pipeline jobs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from lakehouse.config import ConfigError, LakehouseConfig
+from lakehouse.local.process import StackError
+from lakehouse.local.settings import StackSettings
+from lakehouse.local.stack import LocalStack
+
+console = Console(stderr=True)
+out = Console()
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}")
+    sys.exit(1)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Near-real-time Iceberg lakehouse: run it locally, query it, feed it."""
+
+
+# ---- local stack ------------------------------------------------------------------------------
+
+
+@main.group()
+def local() -> None:
+    """Start, stop and inspect the embedded local stack (state in $LAKEHOUSE_HOME)."""
+
+
+@local.command()
+def up() -> None:
+    """Start MariaDB, the local S3, the Kafka broker and the catalog (no-op when running)."""
+    began = time.monotonic()
+    try:
+        stack = LocalStack(StackSettings.resolve())
+        state = stack.up(progress=lambda msg: console.print(f"  {msg}"))
+    except (StackError, ConfigError, ValueError) as exc:
+        _fail(str(exc))
+    console.print(
+        f"[green]local stack up[/] in {time.monotonic() - began:.1f}s "
+        f"(state in {state['home']}); see `lakehouse local status`"
+    )
+
+
+@local.command()
+@click.option("--purge", is_flag=True, help="Also delete all state (data, logs, catalog).")
+def down(purge: bool) -> None:
+    """Stop the stack's processes; data is kept unless --purge."""
+    try:
+        LocalStack(StackSettings.resolve()).down(purge, progress=lambda m: console.print(f"  {m}"))
+    except (StackError, ValueError) as exc:
+        _fail(str(exc))
+
+
+@local.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(as_json: bool) -> None:
+    """Show each part's health; exits 1 when a part is down."""
+    state = LocalStack(StackSettings.resolve()).status()
+    if as_json:
+        out.print_json(json.dumps(state))
+    else:
+        table = Table(title=f"local stack ({state['home']})")
+        for column in ("part", "state", "address", "pid", "log"):
+            table.add_column(column)
+        rows = [
+            ("mysql", f"{state['mysql']['host']}:{state['mysql']['port']}", state["mysql"]),
+            ("kafka", state["kafka"]["bootstrap"], state["kafka"]),
+            ("s3", state["s3"]["endpoint"], state["s3"]),
+            ("catalog", state["catalog"]["uri"], state["catalog"]),
+        ]
+        for name, address, part in rows:
+            health = "[green]up[/]" if part["healthy"] else "[red]down[/]"
+            table.add_row(name, health, address, str(part.get("pid") or "-"), part.get("log", "-"))
+        out.print(table)
+    sys.exit(0 if state["healthy"] else 1)
+
+
+# ---- ad-hoc SQL -------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("query")
+@click.option("--engine", type=click.Choice(["duckdb", "spark"]), default="duckdb", show_default=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True
+)
+def sql(query: str, engine: str, fmt: str) -> None:
+    """Run QUERY over the local lake; tables are `namespace.table` (e.g. dim_db.products)."""
+    from lakehouse import adhoc_sql
+
+    try:
+        config = LakehouseConfig.local()
+        if engine == "duckdb":
+            ext_dir = StackSettings.resolve().home / "duckdb_extensions"
+            result = adhoc_sql.query_duckdb(config, query, ext_dir)
+        else:
+            result = adhoc_sql.query_spark(config, query)
+    except ConfigError as exc:
+        _fail(str(exc))
+    except Exception as exc:  # noqa: BLE001 - any engine error is shown, not a traceback
+        _fail(f"{engine} query failed: {exc}")
+    if fmt == "table":
+        out.print(adhoc_sql.rich_table(result))
+    else:
+        click.echo(adhoc_sql.render(result, fmt))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""MariaDB with a ROW binlog: the local stand-in for RDS for MySQL."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pymysql
+
+from lakehouse.config import SOURCE_DATABASE
+from lakehouse.local.process import ManagedProcess, StackError
+from lakehouse.local.settings import StackSettings
+
+APP_USER = "lakehouse_app"
+CDC_USER = "lakehouse_cdc"
+
+# The customer's source tables; column names are kept as they are in the source article.
+SEED_TABLES = {
+    "products": """
+        CREATE TABLE products (
+          productId VARCHAR(10) PRIMARY KEY,
+          name VARCHAR(255) NOT NULL,
+          description VARCHAR(512),
+          product_price DECIMAL(10,4),
+          update_time TIMESTAMP DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP
+        )""",
+    "user_member": """
+        CREATE TABLE user_member (
+          userid VARCHAR(10) PRIMARY KEY,
+          name VARCHAR(255) NOT NULL,
+          show_params VARCHAR(256),
+          memberLevel INT,
+          update_time TIMESTAMP DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP
+        )""",
+}
+SEED_ROWS = {
+    "products": (
+        "INSERT INTO products (productId, name, description, product_price) VALUES (%s,%s,%s,%s)",
+        [
+            ("1", "test01", "Small 2-wheel scooter", 11.11),
+            ("2", "test02", "12V car battery", 11.11),
+            ("3", "test03", "12-pack of drill bits with sizes ranging from #40 to #3", 11.11),
+            ("4", "test04", "12oz carpenter's hammer", 11.11),
+            ("5", "test05", "14oz carpenter's hammer", 11.11),
+            ("6", "test06", "16oz carpenter's hammer", 11.11),
+            ("7", "test07", "box of assorted rocks", 11.11),
+            ("8", "test08", "water resistent black wind breaker", 11.11),
+            ("9", "test09", "24 inch spare tire", 11.11),
+        ],
+    ),
+    "user_member": (
+        "INSERT INTO user_member (userid, name, show_params, memberLevel) VALUES (%s,%s,%s,%s)",
+        [
+            ("513248", "test01", "label01", 1),
+            ("10952", "test02", "label02", 2),
+            ("555655", "test03", "label03", 3),
+            ("795098", "test04", "label04", 4),
+            ("603670", "test05", "label05", 5),
+        ],
+    ),
+}
+
+
+def _server_binary() -> str:
+    for name in ("mariadbd", "mysqld"):
+        path = shutil.which(name) or (f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None)
+        if path:
+            return path
+    raise StackError("MariaDB is not installed: run `make setup` (installs mariadb-server)")
+
+
+class MariaDb:
+    def __init__(self, settings: StackSettings) -> None:
+        self.settings = settings
+        self.process = ManagedProcess("mariadb", settings.run_dir, settings.log_dir, "mariadbd")
+
+    @property
+    def datadir(self) -> Path:
+        return self.settings.mysql_dir / "data"
+
+    @property
+    def socket(self) -> Path:
+        return self.settings.run_dir / "mariadb.sock"
+
+    @property
+    def defaults_file(self) -> Path:
+        return self.settings.mysql_dir / "my.cnf"
+
+    def _write_defaults(self) -> None:
+        as_root = os.geteuid() == 0
+        # Note: binlog_row_metadata=FULL makes the binlog carry column names (else UNKNOWN_COLn);
+        # UTC so TIMESTAMP values read from the binlog need no zone guessing.
+        self.defaults_file.write_text(
+            "\n".join(
+                [
+                    "[mariadbd]",
+                    f"datadir={self.datadir}",
+                    f"socket={self.socket}",
+                    f"port={self.settings.mysql_port}",
+                    f"bind-address={self.settings.host}",
+                    f"pid-file={self.settings.run_dir / 'mariadbd.internal.pid'}",
+                    f"log-error={self.settings.log_dir / 'mariadb-error.log'}",
+                    *(["user=root"] if as_root else []),
+                    "server_id=1",
+                    "log_bin=mysql-bin",
+                    "binlog_format=ROW",
+                    "binlog_row_image=FULL",
+                    "binlog_row_metadata=FULL",
+                    "gtid_strict_mode=ON",
+                    "binlog_expire_logs_seconds=604800",
+                    "default_time_zone='+00:00'",
+                    "character-set-server=utf8mb4",
+                    "collation-server=utf8mb4_general_ci",
+                    "skip-name-resolve",
+                    "innodb_buffer_pool_size=128M",
+                    "innodb_log_file_size=64M",
+                    "max_connections=200",
+                    "",
+                ]
+            )
+        )
+
+    def start(self, secrets: dict[str, str]) -> None:
+        if self.process.is_running():
+            return
+        self.settings.mysql_dir.mkdir(parents=True, exist_ok=True)
+        self.settings.log_dir.mkdir(parents=True, exist_ok=True)
+        self._write_defaults()
+        if not (self.datadir / "mysql").exists():
+            self._install_datadir()
+        self.process.start([_server_binary(), f"--defaults-file={self.defaults_file}"])
+        self.process.wait_until(self._accepts_admin, 60, f"socket {self.socket}")
+        self._bootstrap(secrets)
+
+    def _install_datadir(self) -> None:
+        installer = shutil.which("mariadb-install-db") or shutil.which("mysql_install_db")
+        if not installer:
+            raise StackError("mariadb-install-db not found: run `make setup`")
+        result = subprocess.run(
+            [
+                installer,
+                f"--defaults-file={self.defaults_file}",
+                f"--datadir={self.datadir}",
+                "--skip-test-db",
+                "--auth-root-authentication-method=socket",
+                f"--auth-root-socket-user={getpass.getuser()}",
+            ],
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode != 0:
+            raise StackError(f"mariadb-install-db failed:\n{result.stdout}\n{result.stderr}")
+
+    def _admin(self, sql: str) -> str:
+        """Run SQL as the local superuser over the unix socket (socket auth, no password)."""
+        result = subprocess.run(
+            ["mariadb", f"--socket={self.socket}", "-u", "root", "-N", "-B", "-e", sql],
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode != 0:
+            raise StackError(f"MariaDB admin statement failed: {result.stderr.strip()}")
+        return result.stdout
+
+    def _accepts_admin(self) -> bool:
+        return self.socket.exists() and self._admin("SELECT 1").strip() == "1"
+
+    def _bootstrap(self, secrets: dict[str, str]) -> None:
+        app_pw = secrets["mysql_app_password"]
+        cdc_pw = secrets["mysql_cdc_password"]
+        statements = [f"CREATE DATABASE IF NOT EXISTS {SOURCE_DATABASE}"]
+        for host in ("127.0.0.1", "localhost"):
+            statements += [
+                f"CREATE USER IF NOT EXISTS '{APP_USER}'@'{host}' IDENTIFIED BY '{app_pw}'",
+                f"ALTER USER '{APP_USER}'@'{host}' IDENTIFIED BY '{app_pw}'",
+                f"GRANT ALL PRIVILEGES ON {SOURCE_DATABASE}.* TO '{APP_USER}'@'{host}'",
+                f"CREATE USER IF NOT EXISTS '{CDC_USER}'@'{host}' IDENTIFIED BY '{cdc_pw}'",
+                f"ALTER USER '{CDC_USER}'@'{host}' IDENTIFIED BY '{cdc_pw}'",
+                # Exactly what a binlog reader needs, nothing more.
+                f"GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO '{CDC_USER}'@'{host}'",
+            ]
+        self._admin(";\n".join(statements))
+        self._seed(app_pw)
+
+    def _seed(self, app_password: str) -> None:
+        """Create and fill each seed table once; an existing table is left as it is."""
+        conn = self.connect(APP_USER, app_password)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW TABLES")
+                existing = {row[0] for row in cur.fetchall()}
+                for table, ddl in SEED_TABLES.items():
+                    if table in existing:
+                        continue
+                    cur.execute(ddl)
+                    insert, rows = SEED_ROWS[table]
+                    cur.executemany(insert, rows)
+            conn.commit()
+        finally:
+            conn.close()
+
+    def connect(self, user: str, password: str, database: str = SOURCE_DATABASE) -> pymysql.Connection:
+        return pymysql.connect(
+            host=self.settings.host,
+            port=self.settings.mysql_port,
+            user=user,
+            password=password,
+            database=database,
+            connect_timeout=5,
+        )
+
+    def healthy(self, secrets: dict[str, str]) -> bool:
+        if not self.process.is_running():
+            return False
+        try:
+            self.connect(APP_USER, secrets["mysql_app_password"]).close()
+            return True
+        except pymysql.MySQLError:
+            return False
+
+    def stop(self) -> bool:
+        return self.process.stop(timeout=60)

@@ -1,0 +1,107 @@
+"""Where the embedded stack lives and which ports it uses (fixed defaults, env-var overrides)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from lakehouse.config import STATE_FILE, local_home
+
+DEFAULT_PORTS = {"mysql": 3307, "kafka": 19092, "s3": 18333}
+PORT_ENV = {
+    "mysql": "LAKEHOUSE_MYSQL_PORT",
+    "kafka": "LAKEHOUSE_KAFKA_PORT",
+    # SeaweedFS needs several ports: S3 on this one, its master/volume/filer/admin/... on the
+    # next six, and each of those + 10000 for gRPC.
+    "s3": "LAKEHOUSE_S3_PORT",
+}
+S3_PORT_SPAN = 7
+
+
+@dataclass(frozen=True)
+class StackSettings:
+    home: Path
+    mysql_port: int
+    kafka_port: int
+    s3_port: int
+    host: str = "127.0.0.1"
+
+    @classmethod
+    def resolve(cls, home: str | os.PathLike[str] | None = None) -> StackSettings:
+        """Ports: env var if set, else what the last `up` recorded, else the default."""
+        home_path = local_home(home)
+        recorded = read_state(home_path).get("ports", {})
+        ports = {}
+        for part, default in DEFAULT_PORTS.items():
+            raw = os.environ.get(PORT_ENV[part]) or recorded.get(part) or default
+            try:
+                ports[part] = int(raw)
+            except ValueError as exc:
+                raise ValueError(f"{PORT_ENV[part]}={raw!r} is not a port number") from exc
+        return cls(home_path, ports["mysql"], ports["kafka"], ports["s3"])
+
+    # Layout of the state directory.
+    @property
+    def run_dir(self) -> Path:
+        return self.home / "run"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def mysql_dir(self) -> Path:
+        return self.home / "mysql"
+
+    @property
+    def s3_dir(self) -> Path:
+        return self.home / "s3"
+
+    @property
+    def catalog_path(self) -> Path:
+        return self.home / "catalog.db"
+
+    @property
+    def warehouse(self) -> Path:
+        return self.home / "warehouse"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.home / "checkpoints"
+
+    @property
+    def secrets_file(self) -> Path:
+        return self.home / "secrets.json"
+
+    @property
+    def state_file(self) -> Path:
+        return self.home / STATE_FILE
+
+    def ports(self) -> dict[str, int]:
+        return {"mysql": self.mysql_port, "kafka": self.kafka_port, "s3": self.s3_port}
+
+
+def read_state(home: Path) -> dict:
+    path = home / STATE_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def load_or_create_secrets(settings: StackSettings) -> dict[str, str]:
+    """Passwords generated once per state dir and kept there (mode 0600), never in source."""
+    path = settings.secrets_file
+    if path.exists():
+        return json.loads(path.read_text())
+    settings.home.mkdir(parents=True, exist_ok=True)
+    values = {
+        "mysql_app_password": secrets.token_urlsafe(18),
+        "mysql_cdc_password": secrets.token_urlsafe(18),
+        "s3_access_key": "lakehouse",
+        "s3_secret_key": secrets.token_urlsafe(18),
+    }
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(values, handle, indent=2)
+    return values
