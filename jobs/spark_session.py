@@ -76,9 +76,7 @@ def spark_conf(config: LakehouseConfig) -> dict[str, str]:
     return conf
 
 
-def build_spark(
-    config: LakehouseConfig, app_name: str, extra_conf: Mapping[str, str] | None = None
-):
+def build_spark(config: LakehouseConfig, app_name: str, extra_conf: Mapping[str, str] | None = None):
     """Create (or reuse) the SparkSession for `config`. Jobs never build sessions themselves."""
     from pyspark.sql import SparkSession
 

@@ -45,8 +45,7 @@ def duckdb_connection(catalog_path: Path, extension_dir: Path):
         namespace, table = qualified.split(".", 1)
         con.sql(f'CREATE SCHEMA IF NOT EXISTS "{namespace}"')
         con.sql(
-            f'CREATE OR REPLACE VIEW "{namespace}"."{table}" AS '
-            f"SELECT * FROM iceberg_scan('{location}')"
+            f'CREATE OR REPLACE VIEW "{namespace}"."{table}" AS SELECT * FROM iceberg_scan(\'{location}\')'
         )
     return con
 
@@ -83,7 +82,7 @@ def _plain(value: object) -> object:
 def render(result: QueryResult, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(
-            [{c: _plain(v) for c, v in zip(result.columns, row)} for row in result.rows], indent=2
+            [{c: _plain(v) for c, v in zip(result.columns, row, strict=False)} for row in result.rows], indent=2
         )
     if fmt == "csv":
         out = io.StringIO()

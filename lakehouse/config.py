@@ -116,9 +116,7 @@ class LakehouseConfig:
         home_path = local_home(home)
         state_path = home_path / STATE_FILE
         if not state_path.exists():
-            raise ConfigError(
-                f"no local stack state at {state_path}: run `lakehouse local up` first"
-            )
+            raise ConfigError(f"no local stack state at {state_path}: run `lakehouse local up` first")
         state = json.loads(state_path.read_text())
         return cls.from_local_state(state)
 

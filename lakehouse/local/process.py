@@ -96,8 +96,7 @@ class ManagedProcess:
         while time.monotonic() < deadline:
             if not self.is_running():
                 raise StackError(
-                    f"{self.name} exited while starting. Log {self.log_file}:\n"
-                    f"{tail(self.log_file)}"
+                    f"{self.name} exited while starting. Log {self.log_file}:\n{tail(self.log_file)}"
                 )
             try:
                 if ready():

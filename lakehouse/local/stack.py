@@ -35,8 +35,7 @@ class LocalStack:
             ("mariadb", lambda: self.mariadb.start(secrets)),
             ("seaweedfs", lambda: self.object_store.start(secrets)),
             ("tansu", lambda: self.broker.start(secrets)),
-            ("catalog", lambda: catalog.ensure_catalog(
-                self.settings.catalog_path, self.settings.warehouse)),
+            ("catalog", lambda: catalog.ensure_catalog(self.settings.catalog_path, self.settings.warehouse)),
         )
         for name, start in steps:
             began = time.monotonic()

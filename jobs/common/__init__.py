@@ -1,0 +1,1 @@
+"""Plumbing shared by the jobs: arguments -> config, run modes, snapshot-summary progress, retries."""

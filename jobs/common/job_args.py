@@ -1,0 +1,50 @@
+"""Arguments every job takes to find its environment (`--env local` or the AWS values)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from lakehouse.config import ENVIRONMENTS, LakehouseConfig
+
+
+def add_environment_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("environment")
+    group.add_argument("--env", choices=ENVIRONMENTS, default=os.environ.get("LAKEHOUSE_ENV", "local"))
+    group.add_argument("--home", help="local state dir (default $LAKEHOUSE_HOME or ./.lakehouse)")
+    # On EMR the CDK deployer passes these as step arguments.
+    group.add_argument("--region")
+    group.add_argument("--warehouse", help="s3://bucket/prefix of the Iceberg warehouse")
+    group.add_argument("--kafka-bootstrap", help="MSK bootstrap brokers (IAM, port 9098)")
+    group.add_argument("--mysql-host")
+    group.add_argument("--mysql-port", type=int, default=3306)
+    group.add_argument("--mysql-cdc-secret-id", help="Secrets Manager id of the CDC user")
+    group.add_argument("--checkpoint-dir")
+
+
+def config_from_args(args: argparse.Namespace) -> LakehouseConfig:
+    if args.env == "local":
+        return LakehouseConfig.local(args.home)
+    missing = [
+        flag
+        for flag, value in (
+            ("--region", args.region),
+            ("--warehouse", args.warehouse),
+            ("--kafka-bootstrap", args.kafka_bootstrap),
+            ("--mysql-host", args.mysql_host),
+            ("--mysql-cdc-secret-id", args.mysql_cdc_secret_id),
+        )
+        if not value
+    ]
+    if missing:
+        raise SystemExit(f"--env {args.env} needs {', '.join(missing)} (the CDK step passes them)")
+    return LakehouseConfig.aws(
+        env=args.env,
+        region=args.region,
+        warehouse=args.warehouse,
+        kafka_bootstrap=args.kafka_bootstrap,
+        mysql_host=args.mysql_host,
+        mysql_port=args.mysql_port,
+        mysql_cdc_secret_id=args.mysql_cdc_secret_id,
+        checkpoint_dir=args.checkpoint_dir,
+    )
