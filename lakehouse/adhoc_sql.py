@@ -82,7 +82,8 @@ def _plain(value: object) -> object:
 def render(result: QueryResult, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(
-            [{c: _plain(v) for c, v in zip(result.columns, row, strict=False)} for row in result.rows], indent=2
+            [{c: _plain(v) for c, v in zip(result.columns, row, strict=False)} for row in result.rows],
+            indent=2,
         )
     if fmt == "csv":
         out = io.StringIO()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
@@ -114,6 +115,37 @@ def sql(query: str, engine: str, fmt: str) -> None:
         out.print(adhoc_sql.rich_table(result))
     else:
         click.echo(adhoc_sql.render(result, fmt))
+
+
+# ---- pipeline ---------------------------------------------------------------------------------
+
+# Each job is a module with `main(argv)`; the same module is what an EMR step runs.
+JOBS = {
+    "ingest": "jobs.clickstream_ingest",
+    "cdc": "jobs.cdc_sync",
+    "views": "jobs.product_views",
+    "report": "jobs.batch_report",
+    "maintain": "jobs.maintain",
+}
+PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
+
+
+@main.command(context_settings=PASS_THROUGH)
+@click.argument("job", type=click.Choice(sorted(JOBS)))
+@click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
+def run(job: str, job_args: tuple[str, ...]) -> None:
+    """Run a pipeline JOB; `lakehouse run JOB --help` lists its options."""
+    module = importlib.import_module(JOBS[job])
+    sys.exit(module.main(list(job_args)) or 0)
+
+
+@main.command(context_settings=PASS_THROUGH)
+@click.argument("gendata_args", nargs=-1, type=click.UNPROCESSED)
+def gendata(gendata_args: tuple[str, ...]) -> None:
+    """Produce ClickEvents to Kafka; `lakehouse gendata --help` lists the options."""
+    from lakehouse import gendata as generator
+
+    sys.exit(generator.main(list(gendata_args)) or 0)
 
 
 if __name__ == "__main__":

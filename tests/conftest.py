@@ -1,0 +1,86 @@
+"""Shared fixtures: one embedded stack per test session, on its own state dir and ports.
+
+The suite never touches a developer's running stack: it sets LAKEHOUSE_HOME and the port env vars
+for itself (subprocesses such as `lakehouse ...` and job runs inherit them) and stops the stack
+at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def _free(port: int, span: int = 1) -> bool:
+    for p in range(port, port + span):
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", p)) == 0:
+                return False
+    return True
+
+
+def _pick_ports() -> dict[str, int]:
+    """Test ports away from the defaults; shifted if a leftover process holds them."""
+    for offset in range(0, 2000, 100):
+        mysql, kafka, s3 = 13307 + offset, 29092 + offset, 28333 + offset
+        if _free(mysql) and _free(kafka) and _free(s3, 7) and _free(s3 + 10001, 6):
+            return {"mysql": mysql, "kafka": kafka, "s3": s3}
+    raise RuntimeError("no free test ports found")
+
+
+@pytest.fixture(scope="session")
+def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    home = tmp_path_factory.mktemp("lakehouse-home")
+    ports = _pick_ports()
+    env = {
+        "LAKEHOUSE_HOME": str(home),
+        "LAKEHOUSE_MYSQL_PORT": str(ports["mysql"]),
+        "LAKEHOUSE_KAFKA_PORT": str(ports["kafka"]),
+        "LAKEHOUSE_S3_PORT": str(ports["s3"]),
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield env
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def local_stack(stack_env: dict[str, str]):
+    from lakehouse.local.settings import StackSettings
+    from lakehouse.local.stack import LocalStack
+
+    stack = LocalStack(StackSettings.resolve(stack_env["LAKEHOUSE_HOME"]))
+    stack.up()
+    yield stack
+    stack.down()
+
+
+@pytest.fixture(scope="session")
+def lake_config(local_stack):
+    from lakehouse.config import LakehouseConfig
+
+    return LakehouseConfig.local(local_stack.settings.home)
+
+
+@pytest.fixture(scope="session")
+def spark(lake_config):
+    from jobs.spark_session import build_spark
+
+    session = build_spark(lake_config, "tests", {"spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def pyiceberg_catalog(local_stack):
+    from lakehouse.local.catalog import pyiceberg_catalog as open_catalog
+
+    return open_catalog(local_stack.settings.catalog_path, local_stack.settings.warehouse)
