@@ -51,7 +51,8 @@ def spark_conf(config: LakehouseConfig) -> dict[str, str]:
             {
                 f"{cat}.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
                 f"{cat}.uri": config.catalog.jdbc_uri or "",
-                f"{cat}.jdbc.schema-version": "V1",
+                # Schema created by `lakehouse local up` (see lakehouse/local/catalog.py for why).
+                f"{cat}.jdbc.init-catalog-tables": "false",
                 # Passed to the SQLite driver: wait for a lock instead of failing the commit.
                 f"{cat}.jdbc.busy_timeout": str(BUSY_TIMEOUT_MS),
                 "spark.jars": ",".join(config.spark.jars or local_spark_jars()),

@@ -14,7 +14,12 @@ from lakehouse.config import CATALOG_NAME, NAMESPACES
 
 BUSY_TIMEOUT_MS = 60_000
 
-# Iceberg's JdbcCatalog schema V1 (JdbcUtil); iceberg_type NULL is read as TABLE.
+# Iceberg's JdbcCatalog schema V0 (the one pyiceberg's SqlCatalog also creates). Not V1: Iceberg
+# 1.10's JdbcCatalog probes for V1's `iceberg_type` column with DatabaseMetaData.getColumns() and never
+# closes the result set, so when the column exists that pooled SQLite connection keeps a read
+# transaction open for good and its later commits fail with SQLITE_BUSY_SNAPSHOT. V1 only adds views,
+# which this lake does not use. The same leak sits in its table-exists probe, hence
+# `jdbc.init-catalog-tables=false` in the Spark conf: the schema is created here instead.
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS iceberg_tables (
          catalog_name VARCHAR(255) NOT NULL,
@@ -22,7 +27,6 @@ _SCHEMA = (
          table_name VARCHAR(255) NOT NULL,
          metadata_location VARCHAR(1000),
          previous_metadata_location VARCHAR(1000),
-         iceberg_type VARCHAR(5),
          PRIMARY KEY (catalog_name, table_namespace, table_name))""",
     """CREATE TABLE IF NOT EXISTS iceberg_namespace_properties (
          catalog_name VARCHAR(255) NOT NULL,
@@ -46,6 +50,9 @@ def ensure_catalog(path: Path, warehouse: Path) -> None:
         conn.execute("PRAGMA journal_mode=WAL")
         for ddl in _SCHEMA:
             conn.execute(ddl)
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(iceberg_tables)")}
+        if "iceberg_type" in columns:  # state made by an earlier version with the V1 schema
+            conn.execute("ALTER TABLE iceberg_tables DROP COLUMN iceberg_type")
         for namespace in NAMESPACES:
             conn.execute(
                 "INSERT OR IGNORE INTO iceberg_namespace_properties VALUES (?, ?, 'exists', 'true')",
@@ -82,7 +89,7 @@ def table_metadata_locations(path: Path) -> dict[str, str]:
     with connect(path) as conn:
         rows = conn.execute(
             "SELECT table_namespace, table_name, metadata_location FROM iceberg_tables "
-            "WHERE catalog_name = ? AND (iceberg_type IS NULL OR iceberg_type = 'TABLE')",
+            "WHERE catalog_name = ?",
             (CATALOG_NAME,),
         ).fetchall()
     conn.close()

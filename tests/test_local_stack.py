@@ -1,0 +1,226 @@
+"""`lakehouse local up|down|status` against real processes, on a private stack of this module.
+
+The session stack (conftest) is shared by the job tests; lifecycle tests that stop, purge or
+block ports run on their own state dir and ports so they cannot disturb it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+
+import pymysql
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from support import run_cli
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _free_base(span: int) -> int:
+    """A base port with `span` free ports after it, and after base + 10000 (SeaweedFS gRPC)."""
+    for base in range(41000, 50000, 37):
+        ports = [*range(base, base + span), *range(base + 10001, base + 10000 + span)]
+        if all(_bound_ok(p) for p in ports):
+            return base
+    raise RuntimeError("no free port block")
+
+
+def _bound_ok(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+@pytest.fixture(scope="module")
+def private_env(tmp_path_factory):
+    home = tmp_path_factory.mktemp("private-stack")
+    env = {
+        **os.environ,
+        "LAKEHOUSE_HOME": str(home),
+        "LAKEHOUSE_MYSQL_PORT": str(_free_port()),
+        "LAKEHOUSE_KAFKA_PORT": str(_free_port()),
+        "LAKEHOUSE_S3_PORT": str(_free_base(7)),
+    }
+    run_cli("local", "up", env=env)
+    yield env
+    run_cli("local", "down", "--purge", env=env, check=False)
+
+
+def _status(env) -> tuple[int, dict]:
+    result = run_cli("local", "status", "--json", env=env, check=False)
+    return result.returncode, json.loads(result.stdout)
+
+
+def _mysql(state: dict, user_key: str = "user", password_key: str = "password"):
+    m = state["mysql"]
+    return pymysql.connect(
+        host=m["host"], port=m["port"], user=m[user_key], password=m[password_key], database=m["database"]
+    )
+
+
+def test_status_json_has_the_documented_shape_and_is_healthy(private_env):
+    code, state = _status(private_env)
+    assert code == 0
+    assert state["healthy"] is True
+    assert set(state["mysql"]) >= {"host", "port", "user", "password", "database", "cdc_user", "cdc_password"}
+    assert state["mysql"]["host"] == "127.0.0.1"
+    assert state["mysql"]["port"] == int(private_env["LAKEHOUSE_MYSQL_PORT"])
+    assert state["mysql"]["database"] == "user_db"
+    assert state["kafka"] == {**state["kafka"], "topic": "clicktopic"}
+    assert state["kafka"]["bootstrap"] == f"127.0.0.1:{private_env['LAKEHOUSE_KAFKA_PORT']}"
+    home = private_env["LAKEHOUSE_HOME"]
+    assert state["catalog"]["name"] == "lakehouse"
+    assert state["catalog"]["uri"] == f"sqlite:///{home}/catalog.db"
+    assert state["catalog"]["warehouse"] == f"{home}/warehouse"
+
+
+def test_human_status_is_a_table(private_env):
+    result = run_cli("local", "status", env=private_env)
+    for part in ("mysql", "kafka", "s3", "catalog"):
+        assert part in result.stdout
+    assert "down" not in result.stdout
+
+
+def test_second_up_is_a_no_op(private_env):
+    _, before = _status(private_env)
+    result = run_cli("local", "up", env=private_env)
+    _, after = _status(private_env)
+    pids = [(before[p]["pid"], after[p]["pid"]) for p in ("mysql", "kafka", "s3")]
+    assert all(b == a and b for b, a in pids), pids
+    assert "local stack up" in result.stderr
+
+
+def test_seed_rows_are_loaded_once(private_env):
+    run_cli("local", "up", env=private_env)  # seeding again must not duplicate or fail
+    _, state = _status(private_env)
+    with _mysql(state) as conn, conn.cursor() as cur:
+        cur.execute("SELECT productId, name, product_price FROM products ORDER BY productId")
+        products = cur.fetchall()
+        cur.execute("SELECT userid, memberLevel FROM user_member ORDER BY userid")
+        members = cur.fetchall()
+    assert [p[0] for p in products] == [str(i) for i in range(1, 10)]
+    assert products[2][1] == "test03" and str(products[2][2]) == "11.1100"
+    assert sorted(members) == sorted(
+        [("513248", 1), ("10952", 2), ("555655", 3), ("795098", 4), ("603670", 5)]
+    )
+
+
+def test_binlog_is_row_based_with_full_images_and_metadata_in_utc(private_env):
+    _, state = _status(private_env)
+    with _mysql(state) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT @@log_bin, @@binlog_format, @@binlog_row_image, @@binlog_row_metadata, "
+            "@@time_zone, @@gtid_strict_mode, @@bind_address"
+        )
+        assert cur.fetchone() == (1, "ROW", "FULL", "FULL", "+00:00", 1, "127.0.0.1")
+
+
+def test_cdc_user_has_exactly_replication_and_select(private_env):
+    _, state = _status(private_env)
+    with _mysql(state, "cdc_user", "cdc_password") as conn, conn.cursor() as cur:
+        cur.execute("SHOW GRANTS FOR CURRENT_USER()")
+        grants = " ".join(row[0] for row in cur.fetchall())
+        cur.execute("SELECT count(*) FROM user_db.products")
+        assert cur.fetchone()[0] >= 1
+        with pytest.raises(pymysql.err.OperationalError):
+            cur.execute("INSERT INTO user_db.products (productId, name) VALUES ('x', 'y')")
+    granted = grants.split("GRANT ", 1)[1].split(" ON ", 1)[0]
+    # MariaDB 10.11 reports REPLICATION CLIENT under its new name BINLOG MONITOR.
+    assert {g.strip() for g in granted.split(",")} == {
+        "SELECT",
+        "REPLICATION SLAVE",
+        "BINLOG MONITOR",
+    }, grants
+
+
+def test_a_message_round_trips_through_clicktopic(private_env):
+    _, state = _status(private_env)
+    bootstrap = state["kafka"]["bootstrap"]
+    payload = f"roundtrip-{uuid.uuid4()}".encode()
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"})
+    producer.produce("clicktopic", value=payload, partition=1)
+    assert producer.flush(15) == 0
+    assert _read_partition(bootstrap, 1) == [payload]
+
+
+def _read_partition(bootstrap: str, partition: int) -> list[bytes]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tests", "enable.auto.commit": False})
+    consumer.assign([TopicPartition("clicktopic", partition, 0)])
+    values, deadline = [], time.monotonic() + 20
+    try:
+        while time.monotonic() < deadline:
+            batch = consumer.consume(100, 1.0)
+            if not batch and values:
+                break
+            values += [m.value() for m in batch if m.error() is None]
+    finally:
+        consumer.close()
+    metadata = Producer({"bootstrap.servers": bootstrap}).list_topics("clicktopic", timeout=10)
+    assert len(metadata.topics["clicktopic"].partitions) == 3
+    return values
+
+
+def test_a_taken_port_gives_a_clear_error(tmp_path):
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        env = {**os.environ, "LAKEHOUSE_HOME": str(tmp_path / "h"), "LAKEHOUSE_MYSQL_PORT": str(port)}
+        result = run_cli("local", "up", env=env, check=False)
+    assert result.returncode == 1
+    message = " ".join(result.stderr.split())
+    assert f"port {port} (mysql) is already in use" in message
+    assert "LAKEHOUSE_MYSQL_PORT" in message
+
+
+def test_down_keeps_data_and_up_recovers_stale_pid_files(private_env):
+    _, state = _status(private_env)
+    with _mysql(state) as conn, conn.cursor() as cur:
+        cur.execute("INSERT INTO products (productId, name) VALUES ('keep-me', 'survivor')")
+        conn.commit()
+    bootstrap = state["kafka"]["bootstrap"]
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    producer.produce("clicktopic", value=b"durable", partition=2)
+    assert producer.flush(15) == 0
+
+    run_cli("local", "down", env=private_env)
+    code, down_state = _status(private_env)
+    assert code == 1 and down_state["healthy"] is False
+    # A pid file naming a live process that is not ours (this test) must be treated as stale.
+    run_dir = f"{private_env['LAKEHOUSE_HOME']}/run"
+    with open(f"{run_dir}/tansu.pid", "w") as handle:
+        handle.write(str(os.getpid()))
+
+    run_cli("local", "up", env=private_env)
+    code, state = _status(private_env)
+    assert code == 0
+    with _mysql(state) as conn, conn.cursor() as cur:
+        cur.execute("SELECT name FROM products WHERE productId = 'keep-me'")
+        assert cur.fetchone() == ("survivor",)
+    assert b"durable" in _read_partition(bootstrap, 2)
+
+
+def test_down_purge_removes_all_state(tmp_path):
+    env = {
+        **os.environ,
+        "LAKEHOUSE_HOME": str(tmp_path / "purge-me"),
+        "LAKEHOUSE_MYSQL_PORT": str(_free_port()),
+        "LAKEHOUSE_KAFKA_PORT": str(_free_port()),
+        "LAKEHOUSE_S3_PORT": str(_free_base(7)),
+    }
+    run_cli("local", "up", env=env)
+    assert (tmp_path / "purge-me" / "catalog.db").exists()
+    run_cli("local", "down", "--purge", env=env)
+    assert not (tmp_path / "purge-me").exists()
+    assert run_cli("local", "status", env=env, check=False).returncode == 1
