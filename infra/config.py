@@ -1,0 +1,268 @@
+"""Per-environment deployment configuration of the CDK app.
+
+`app.py` reads `-c env=dev|prod` once and builds a `DeploymentConfig`; constructs receive typed values
+from it and never read CDK context themselves. dev and prod differ only by the values below.
+Shared names (catalog, namespaces, topic, source database) come from `lakehouse.config`, the model the
+jobs use, so the cluster and the jobs cannot disagree about them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_logs as logs
+
+from lakehouse.config import ConfigError
+
+DEPLOYABLE_ENVIRONMENTS: tuple[str, ...] = ("dev", "prod")
+
+# Python the jobs run with on EMR 7.x (see pyproject: requires-python 3.11).
+EMR_JOB_PYTHON = "/usr/bin/python3.11"
+# Latest EMR on EC2 7.x release confirmed (Spark 3.5, Iceberg 1.10.1-amzn, Hive, Trino).
+EMR_RELEASE_LABEL = "emr-7.14.0"
+# MSK's topic API (AWS::MSK::Topic) needs Kafka >= 3.6 on a provisioned cluster; 3.8.x is MSK's
+# recommended version.
+KAFKA_VERSION = "3.8.x"
+# Where the EMR in-transit encryption certificates (a PEM zip) are expected in the artifacts bucket.
+EMR_TLS_CERTIFICATES_KEY = "security/emr-tls-certificates.zip"
+
+
+@dataclass(frozen=True)
+class NetworkSettings:
+    vpc_cidr: str
+    max_azs: int
+    nat_gateways: int
+    flow_log_retention: logs.RetentionDays
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    access_log_expiration: Duration
+    athena_results_expiration: Duration
+
+
+@dataclass(frozen=True)
+class StreamingSettings:
+    kafka_version: str
+    broker_instance_type: str
+    broker_count: int
+    broker_volume_gib: int
+    topic_replication_factor: int
+    min_insync_replicas: int
+    broker_log_retention: logs.RetentionDays
+    # DEFAULT already has KafkaDataLogsDiskUsed (the disk alarm); PER_BROKER adds paid metrics.
+    enhanced_monitoring: str
+
+
+@dataclass(frozen=True)
+class SourceDatabaseSettings:
+    instance_class: str  # e.g. "t4g.micro" -> db.t4g.micro
+    allocated_storage_gib: int
+    max_allocated_storage_gib: int
+    backup_retention: Duration
+    multi_az: bool
+    deletion_protection: bool
+
+
+@dataclass(frozen=True)
+class ComputeSettings:
+    release_label: str
+    primary_instance_types: tuple[str, ...]
+    worker_instance_types: tuple[str, ...]
+    core_units: int
+    task_on_demand_units: int
+    task_spot_units: int
+    max_capacity_units: int
+    ebs_volume_gib: int
+    step_concurrency_level: int
+    # None: the cluster runs until deleted (prod runs the streaming jobs around the clock).
+    idle_timeout: Duration | None
+    job_python: str = EMR_JOB_PYTHON
+
+
+@dataclass(frozen=True)
+class MonitoringSettings:
+    rds_free_storage_alarm_bytes: int
+    msk_disk_used_alarm_percent: int
+    alarm_email: str | None = None
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    env_name: str
+    account: str | None
+    region: str | None
+    availability_zones: tuple[str, ...] | None
+    # prod keeps data on `cdk destroy` (buckets, Glue databases, an RDS snapshot); dev deletes it all.
+    retain_data: bool
+    network: NetworkSettings
+    storage: StorageSettings
+    streaming: StreamingSettings
+    source_database: SourceDatabaseSettings
+    compute: ComputeSettings
+    monitoring: MonitoringSettings
+
+    @property
+    def removal_policy(self) -> RemovalPolicy:
+        return RemovalPolicy.RETAIN if self.retain_data else RemovalPolicy.DESTROY
+
+    @property
+    def database_removal_policy(self) -> RemovalPolicy:
+        return RemovalPolicy.SNAPSHOT if self.retain_data else RemovalPolicy.DESTROY
+
+    def stack_name(self, concern: str) -> str:
+        return f"Lakehouse-{self.env_name}-{concern}"
+
+    @property
+    def name_prefix(self) -> str:
+        return f"lakehouse-{self.env_name}"
+
+    def resource_name(self, suffix: str) -> str:
+        """Physical names for things people look up by name (MSK cluster, EMR cluster, workgroup)."""
+        return f"{self.name_prefix}-{suffix}"
+
+    @property
+    def parameter_prefix(self) -> str:
+        return f"/lakehouse/{self.env_name}"
+
+    @classmethod
+    def for_env(
+        cls,
+        env_name: str,
+        *,
+        account: str | None = None,
+        region: str | None = None,
+        availability_zones: tuple[str, ...] | None = None,
+    ) -> DeploymentConfig:
+        """The configuration of `env_name`; account/region only when the CLI knows them."""
+        if env_name not in _ENVIRONMENTS:
+            raise ConfigError(
+                f"unknown environment {env_name!r}: pass -c env=dev or -c env=prod "
+                f"(one of {', '.join(DEPLOYABLE_ENVIRONMENTS)})"
+            )
+        config = _ENVIRONMENTS[env_name]
+        if bool(account) != bool(region):
+            # Half an environment would make CDK do lookups for the other half: stay agnostic.
+            account = region = None
+        azs = availability_zones
+        if region and not azs:
+            # Note: explicit AZ names avoid the context lookup an account/region-bound VPC would make.
+            # Most regions name their first AZs a, b, c; override with -c azs=... where they do not.
+            azs = tuple(f"{region}{letter}" for letter in "abc"[: config.network.max_azs])
+        if azs and len(azs) < config.network.max_azs:
+            raise ConfigError(
+                f"{env_name} needs {config.network.max_azs} availability zones, got {list(azs)}: "
+                "pass -c azs=<az1>,<az2>[,<az3>]"
+            )
+        return replace(
+            config,
+            account=account or None,
+            region=region or None,
+            availability_zones=tuple(azs[: config.network.max_azs]) if azs and region else None,
+        )
+
+
+_DEV = DeploymentConfig(
+    env_name="dev",
+    account=None,
+    region=None,
+    availability_zones=None,
+    retain_data=False,
+    network=NetworkSettings(
+        vpc_cidr="10.40.0.0/16",
+        max_azs=2,
+        nat_gateways=1,
+        flow_log_retention=logs.RetentionDays.ONE_MONTH,
+    ),
+    storage=StorageSettings(
+        access_log_expiration=Duration.days(30),
+        athena_results_expiration=Duration.days(7),
+    ),
+    streaming=StreamingSettings(
+        kafka_version=KAFKA_VERSION,
+        broker_instance_type="kafka.t3.small",
+        broker_count=2,
+        broker_volume_gib=10,
+        topic_replication_factor=2,
+        min_insync_replicas=1,
+        broker_log_retention=logs.RetentionDays.ONE_WEEK,
+        enhanced_monitoring="DEFAULT",
+    ),
+    source_database=SourceDatabaseSettings(
+        instance_class="t4g.micro",
+        allocated_storage_gib=20,
+        max_allocated_storage_gib=50,
+        backup_retention=Duration.days(1),
+        multi_az=False,
+        deletion_protection=False,
+    ),
+    compute=ComputeSettings(
+        release_label=EMR_RELEASE_LABEL,
+        primary_instance_types=("m5.xlarge", "m6i.xlarge"),
+        worker_instance_types=("m5.xlarge", "m5a.xlarge", "m6i.xlarge"),
+        core_units=1,
+        task_on_demand_units=0,
+        task_spot_units=1,
+        max_capacity_units=4,
+        ebs_volume_gib=64,
+        step_concurrency_level=4,
+        idle_timeout=Duration.hours(2),
+    ),
+    monitoring=MonitoringSettings(
+        rds_free_storage_alarm_bytes=2 * 1024**3,
+        msk_disk_used_alarm_percent=80,
+    ),
+)
+
+_PROD = replace(
+    _DEV,
+    env_name="prod",
+    retain_data=True,
+    network=NetworkSettings(
+        vpc_cidr="10.41.0.0/16",
+        max_azs=3,
+        nat_gateways=3,
+        flow_log_retention=logs.RetentionDays.ONE_YEAR,
+    ),
+    storage=StorageSettings(
+        access_log_expiration=Duration.days(365),
+        athena_results_expiration=Duration.days(30),
+    ),
+    streaming=StreamingSettings(
+        kafka_version=KAFKA_VERSION,
+        broker_instance_type="kafka.m7g.large",
+        broker_count=3,
+        broker_volume_gib=200,
+        topic_replication_factor=3,
+        min_insync_replicas=2,
+        broker_log_retention=logs.RetentionDays.THREE_MONTHS,
+        enhanced_monitoring="PER_BROKER",
+    ),
+    source_database=SourceDatabaseSettings(
+        instance_class="m7g.large",
+        allocated_storage_gib=100,
+        max_allocated_storage_gib=500,
+        backup_retention=Duration.days(7),
+        multi_az=True,
+        deletion_protection=True,
+    ),
+    compute=ComputeSettings(
+        release_label=EMR_RELEASE_LABEL,
+        primary_instance_types=("m5.2xlarge", "m6i.2xlarge"),
+        worker_instance_types=("m5.2xlarge", "m5a.2xlarge", "m6i.2xlarge"),
+        core_units=3,
+        task_on_demand_units=1,
+        task_spot_units=0,
+        max_capacity_units=12,
+        ebs_volume_gib=256,
+        step_concurrency_level=10,
+        idle_timeout=None,
+    ),
+    monitoring=MonitoringSettings(
+        rds_free_storage_alarm_bytes=10 * 1024**3,
+        msk_disk_used_alarm_percent=75,
+    ),
+)
+
+_ENVIRONMENTS: dict[str, DeploymentConfig] = {"dev": _DEV, "prod": _PROD}

@@ -1,0 +1,268 @@
+"""Lake storage and catalog: S3 buckets, the Glue databases of the Iceberg catalog, Athena."""
+
+from __future__ import annotations
+
+from aws_cdk import Aws, Duration, RemovalPolicy
+from aws_cdk import aws_athena as athena
+from aws_cdk import aws_glue as glue
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from infra.config import StorageSettings
+from infra.nag import acknowledge, acknowledge_wildcard_resources, aws_arn
+from lakehouse.config import NAMESPACES
+
+WAREHOUSE_PREFIX = "warehouse"
+ATHENA_RESULTS_PREFIX = "athena-results"
+EMR_LOGS_PREFIX = "emr"
+CHECKPOINTS_PREFIX = "checkpoints"
+
+# Exact S3 actions (no wildcards) for objects under a prefix and for listing the bucket.
+OBJECT_READ_ACTIONS = ("s3:GetObject", "s3:GetObjectVersion")
+OBJECT_WRITE_ACTIONS = ("s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload")
+BUCKET_READ_ACTIONS = ("s3:ListBucket", "s3:GetBucketLocation")
+
+# Glue actions an Iceberg writer (Spark GlueCatalog, Hive/Trino on Glue) needs on its databases.
+GLUE_READ_ACTIONS = (
+    "glue:GetDatabase",
+    "glue:GetDatabases",
+    "glue:GetTable",
+    "glue:GetTables",
+    "glue:GetTableVersion",
+    "glue:GetTableVersions",
+    "glue:GetPartition",
+    "glue:GetPartitions",
+    "glue:BatchGetPartition",
+)
+GLUE_WRITE_ACTIONS = (
+    "glue:CreateTable",
+    "glue:UpdateTable",
+    "glue:DeleteTable",
+    "glue:BatchDeleteTable",
+    "glue:DeleteTableVersion",
+    "glue:BatchDeleteTableVersion",
+    "glue:CreatePartition",
+    "glue:BatchCreatePartition",
+    "glue:UpdatePartition",
+    "glue:DeletePartition",
+    "glue:BatchDeletePartition",
+)
+
+
+class LakeStorage(Construct):
+    """Warehouse, artifacts and logs buckets; Glue databases in the warehouse; an Athena workgroup."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        name_prefix: str,
+        settings: StorageSettings,
+        removal_policy: RemovalPolicy,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        auto_delete = removal_policy == RemovalPolicy.DESTROY
+        # Note: bucket names are deterministic (prefix, purpose, account, region) so that grants in
+        # other stacks are built from names, not cross-stack references, and read clearly in IAM.
+        self.logs_bucket_name = bucket_name(name_prefix, "logs")
+        self.warehouse_bucket_name = bucket_name(name_prefix, "warehouse")
+        self.artifacts_bucket_name = bucket_name(name_prefix, "artifacts")
+
+        # Note: the logs bucket is the target of the other buckets' access logs and of EMR logs, so it
+        # cannot log to itself; old logs expire to keep the bill flat.
+        self.logs_bucket = s3.Bucket(
+            self,
+            "LogsBucket",
+            bucket_name=self.logs_bucket_name,
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="expire-logs",
+                    expiration=settings.access_log_expiration,
+                    abort_incomplete_multipart_upload_after=Duration.days(7),
+                )
+            ],
+            removal_policy=removal_policy,
+            auto_delete_objects=auto_delete,
+        )
+        acknowledge(
+            self.logs_bucket,
+            "AwsSolutions-S1",
+            "This is the access-log target bucket itself; logging it into itself would loop.",
+        )
+
+        def data_bucket(bucket_id: str, name: str, log_prefix: str, **extra) -> s3.Bucket:
+            return s3.Bucket(
+                self,
+                bucket_id,
+                bucket_name=name,
+                encryption=s3.BucketEncryption.S3_MANAGED,
+                block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+                enforce_ssl=True,
+                object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+                server_access_logs_bucket=self.logs_bucket,
+                server_access_logs_prefix=f"s3-access/{log_prefix}/",
+                removal_policy=removal_policy,
+                auto_delete_objects=auto_delete,
+                **extra,
+            )
+
+        # Iceberg data and metadata of every table; Athena's query results in their own prefix.
+        self.warehouse_bucket = data_bucket(
+            "WarehouseBucket",
+            self.warehouse_bucket_name,
+            "warehouse",
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="expire-athena-results",
+                    prefix=f"{ATHENA_RESULTS_PREFIX}/",
+                    expiration=settings.athena_results_expiration,
+                )
+            ],
+        )
+        # Job code, bootstrap scripts and the EMR TLS certificates (shipped by the jobs issue).
+        self.artifacts_bucket = data_bucket("ArtifactsBucket", self.artifacts_bucket_name, "artifacts")
+
+        self.warehouse_uri = f"s3://{self.warehouse_bucket_name}/{WAREHOUSE_PREFIX}"
+        self.emr_log_uri = f"s3://{self.logs_bucket_name}/{EMR_LOGS_PREFIX}/"
+        # Streaming checkpoints of the jobs (state, not table data).
+        self.checkpoint_uri = f"s3://{self.warehouse_bucket_name}/{CHECKPOINTS_PREFIX}"
+
+        # Glue databases must exist before Spark creates Iceberg tables; each is located in the
+        # warehouse where Iceberg's GlueCatalog would put it by default (<warehouse>/<db>.db).
+        self.database_names: tuple[str, ...] = NAMESPACES
+        self.databases: dict[str, glue.CfnDatabase] = {}
+        for namespace in NAMESPACES:
+            database = glue.CfnDatabase(
+                self,
+                f"Database-{namespace}",
+                catalog_id=Aws.ACCOUNT_ID,
+                database_input=glue.CfnDatabase.DatabaseInputProperty(
+                    name=namespace,
+                    description=f"Iceberg namespace {namespace} of the lakehouse",
+                    location_uri=f"{self.warehouse_uri}/{namespace}.db",
+                ),
+            )
+            database.apply_removal_policy(removal_policy)
+            self.databases[namespace] = database
+
+        # Ad-hoc SQL over the same Glue tables; results encrypted, settings enforced on every query.
+        self.athena_workgroup = athena.CfnWorkGroup(
+            self,
+            "AthenaWorkGroup",
+            name=f"{name_prefix}-adhoc",
+            description="Ad-hoc queries over the lakehouse Iceberg tables",
+            recursive_delete_option=auto_delete,
+            state="ENABLED",
+            work_group_configuration=athena.CfnWorkGroup.WorkGroupConfigurationProperty(
+                enforce_work_group_configuration=True,
+                publish_cloud_watch_metrics_enabled=True,
+                result_configuration=athena.CfnWorkGroup.ResultConfigurationProperty(
+                    output_location=(f"s3://{self.warehouse_bucket_name}/{ATHENA_RESULTS_PREFIX}/"),
+                    encryption_configuration=athena.CfnWorkGroup.EncryptionConfigurationProperty(
+                        encryption_option="SSE_S3"
+                    ),
+                ),
+            ),
+        )
+        self.athena_workgroup.apply_removal_policy(removal_policy)
+
+    # ---- grants -------------------------------------------------------------------------------
+
+    def glue_arns(self) -> list[str]:
+        """The catalog, the project's databases and the tables in them (created later by jobs)."""
+        arns = [aws_arn("glue", "catalog")]
+        for name in self.database_names:
+            arns += [aws_arn("glue", f"database/{name}"), aws_arn("glue", f"table/{name}/*")]
+        return arns
+
+    def grant_lake_read_write(self, grantee: iam.IGrantable) -> None:
+        """Read/write the warehouse and checkpoint prefixes and the Glue databases (the jobs)."""
+        principal = grantee.grant_principal
+        warehouse = bucket_arn(self.warehouse_bucket_name)
+        objects = [f"{warehouse}/{WAREHOUSE_PREFIX}/*", f"{warehouse}/{CHECKPOINTS_PREFIX}/*"]
+        principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="WarehouseObjects",
+                actions=[*OBJECT_READ_ACTIONS, *OBJECT_WRITE_ACTIONS],
+                resources=objects,
+            )
+        )
+        acknowledge_wildcard_resources(
+            grantee,
+            objects,
+            "Iceberg data/metadata and checkpoint files are created by the jobs at run time; the "
+            "grant is limited to the warehouse/ and checkpoints/ prefixes of the warehouse bucket.",
+        )
+        principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="WarehouseBucket", actions=list(BUCKET_READ_ACTIONS), resources=[warehouse]
+            )
+        )
+        principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="GlueLakehouseDatabases",
+                actions=[*GLUE_READ_ACTIONS, *GLUE_WRITE_ACTIONS],
+                resources=self.glue_arns(),
+            )
+        )
+        acknowledge_wildcard_resources(
+            grantee,
+            self.glue_arns(),
+            "Tables are created by the jobs at run time; the grant covers only tables inside the "
+            "project's own Glue databases (dim_db, ods_behavior, ads_behavior).",
+        )
+        # Spark's and Hive's Glue clients look up the `default` database when they start.
+        principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="GlueDefaultDatabaseLookup",
+                actions=["glue:GetDatabase", "glue:GetDatabases"],
+                resources=[aws_arn("glue", "catalog"), aws_arn("glue", "database/default")],
+            )
+        )
+
+    def grant_artifacts_read(self, grantee: iam.IGrantable) -> None:
+        """Job code, bootstrap scripts and the EMR TLS certificates."""
+        artifacts = bucket_arn(self.artifacts_bucket_name)
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="ArtifactsRead",
+                actions=list(OBJECT_READ_ACTIONS),
+                resources=[f"{artifacts}/*"],
+            )
+        )
+        acknowledge_wildcard_resources(
+            grantee,
+            [f"{artifacts}/*"],
+            "Read-only on the project's artifacts bucket: job code, bootstrap scripts and the EMR "
+            "TLS certificates, whose keys are chosen when jobs are shipped.",
+        )
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="ArtifactsBucket", actions=list(BUCKET_READ_ACTIONS), resources=[artifacts]
+            )
+        )
+
+    def grant_emr_logs_write(self, grantee: iam.IGrantable) -> None:
+        emr_logs = f"{bucket_arn(self.logs_bucket_name)}/{EMR_LOGS_PREFIX}/*"
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(sid="EmrLogsWrite", actions=["s3:PutObject"], resources=[emr_logs])
+        )
+        acknowledge_wildcard_resources(
+            grantee,
+            [emr_logs],
+            "Write-only under emr/ of the logs bucket: EMR names log objects by cluster, node and step ids.",
+        )
+
+
+def bucket_name(name_prefix: str, purpose: str) -> str:
+    return f"{name_prefix}-{purpose}-{Aws.ACCOUNT_ID}-{Aws.REGION}"
+
+
+def bucket_arn(name: str) -> str:
+    return aws_arn("s3", name, region=False, account=False)

@@ -1,0 +1,89 @@
+"""Network: a VPC with private subnets for MSK, RDS, EMR and the in-VPC Lambdas."""
+
+from __future__ import annotations
+
+from aws_cdk import Fn, RemovalPolicy, Tags
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from infra.config import NetworkSettings
+from infra.nag import acknowledge
+
+# EMR's managed policies (AmazonEMRServicePolicy_v2) only act on resources carrying this tag.
+EMR_MANAGED_POLICY_TAG = ("for-use-with-amazon-emr-managed-policies", "true")
+
+
+class Network(Construct):
+    """VPC, NAT, S3 gateway endpoint, interface endpoints for EMR/Secrets Manager/Glue, flow logs."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: NetworkSettings,
+        availability_zones: tuple[str, ...] | None,
+        removal_policy: RemovalPolicy,
+    ) -> None:
+        super().__init__(scope, construct_id)
+
+        flow_log_group = logs.LogGroup(
+            self, "FlowLogs", retention=settings.flow_log_retention, removal_policy=removal_policy
+        )
+        # Note: AZ names are literal when the stack is bound to an account/region (no lookup);
+        # otherwise they are Fn::GetAZs picks resolved at deploy time, because an agnostic stack
+        # would get only 2 AZs from max_azs and prod needs 3.
+        azs = (
+            list(availability_zones)
+            if availability_zones
+            else [Fn.select(index, Fn.get_azs()) for index in range(settings.max_azs)]
+        )
+        self.vpc = ec2.Vpc(
+            self,
+            "Vpc",
+            ip_addresses=ec2.IpAddresses.cidr(settings.vpc_cidr),
+            availability_zones=azs,
+            nat_gateways=settings.nat_gateways,
+            subnet_configuration=[
+                ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
+                ec2.SubnetConfiguration(
+                    name="private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=20
+                ),
+            ],
+            flow_logs={
+                "all-traffic": ec2.FlowLogOptions(
+                    destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group),
+                    traffic_type=ec2.FlowLogTrafficType.ALL,
+                )
+            },
+            # Nothing uses the default security group; restricting it would cost a custom resource.
+            restrict_default_security_group=False,
+        )
+        # Tag subnets and security groups so EMR's v2 managed service policy may use them.
+        Tags.of(self.vpc).add(*EMR_MANAGED_POLICY_TAG)
+
+        self.private_subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+
+        # Note: S3 (warehouse, logs, artifacts) is the bulk of EMR traffic; the gateway endpoint is free.
+        self.vpc.add_gateway_endpoint(
+            "S3Endpoint",
+            service=ec2.GatewayVpcEndpointAwsService.S3,
+            subnets=[self.private_subnets],
+        )
+        # Interface endpoints for the chatty control-plane calls of EMR nodes, the Glue catalog and
+        # the secrets the CDC job and the seeding Lambda read; they keep that traffic off the NAT.
+        for endpoint_id, service in (
+            ("EmrEndpoint", ec2.InterfaceVpcEndpointAwsService.EMR),
+            ("SecretsManagerEndpoint", ec2.InterfaceVpcEndpointAwsService.SECRETS_MANAGER),
+            ("GlueEndpoint", ec2.InterfaceVpcEndpointAwsService.GLUE),
+        ):
+            endpoint = self.vpc.add_interface_endpoint(
+                endpoint_id, service=service, subnets=self.private_subnets, private_dns_enabled=True
+            )
+            acknowledge(
+                endpoint,
+                "AwsSolutions-EC23",
+                "Endpoint security group admits HTTPS (443) from the VPC's own CIDR only; cdk-nag "
+                "cannot resolve the CIDR token and reports it as open.",
+            )

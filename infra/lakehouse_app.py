@@ -1,0 +1,45 @@
+"""Builds the CDK app of one environment: context -> typed config -> stacks -> cdk-nag."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from aws_cdk import App
+
+from infra.config import DeploymentConfig
+from infra.nag import add_nag_checks
+from infra.stacks import LakehouseStacks
+
+DEFAULT_ENV = "dev"
+
+
+def config_from_context(app: App, environ: Mapping[str, str] = os.environ) -> DeploymentConfig:
+    """The only place context is read: `-c env=dev|prod` (default dev) and optional `-c azs=a,b`.
+
+    Account and region come from the CLI's environment (CDK_DEFAULT_ACCOUNT/REGION) when both are
+    present; otherwise the stacks stay environment-agnostic and synth needs no credentials.
+    """
+    env_name = app.node.try_get_context("env") or DEFAULT_ENV
+    azs_context = app.node.try_get_context("azs")
+    azs = tuple(a.strip() for a in str(azs_context).split(",") if a.strip()) if azs_context else None
+    return DeploymentConfig.for_env(
+        str(env_name),
+        account=environ.get("CDK_DEFAULT_ACCOUNT"),
+        region=environ.get("CDK_DEFAULT_REGION"),
+        availability_zones=azs,
+    )
+
+
+def build_lakehouse(app: App, config: DeploymentConfig, *, nag: bool = True) -> LakehouseStacks:
+    if config.account and config.region and config.availability_zones:
+        # Note: seed CDK's AZ lookup with the configured AZs, so an account/region-bound synth
+        # makes no lookup (and needs no credentials beyond the CLI's own).
+        app.node.set_context(
+            f"availability-zones:account={config.account}:region={config.region}",
+            list(config.availability_zones),
+        )
+    stacks = LakehouseStacks(app, config)
+    if nag:
+        add_nag_checks(app)
+    return stacks

@@ -1,0 +1,92 @@
+"""Custom resource: seed the RDS MySQL source database and create the CDC user.
+
+Runs in the VPC (the database is private). On Create/Update it is idempotent: creates `user_db`, the
+seed tables and rows, the CDC user with only REPLICATION SLAVE, REPLICATION CLIENT and SELECT, and
+sets RDS's binlog retention so the CDC reader can resume after a pause. Delete does nothing: the
+database goes with its instance (dev) or is kept (prod).
+Properties: Host, Port, DatabaseName, AdminSecretArn, CdcSecretArn, BinlogRetentionHours.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+
+import seed_data
+
+LOG = logging.getLogger()
+LOG.setLevel(logging.INFO)
+
+
+def _secret(client, arn: str) -> dict:
+    return json.loads(client.get_secret_value(SecretId=arn)["SecretString"])
+
+
+def _tls_context() -> ssl.SSLContext:
+    # TLS is required; the RDS CA bundle is not shipped with the function, so the certificate is
+    # not verified (the connection never leaves the VPC).
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def seed_statements(database: str, cdc_user: str, cdc_password: str, retention_hours: int):
+    """The (sql, args) pairs the seeding runs, in order. Pure: tested without a database."""
+    quoted_db = "`" + database.replace("`", "``") + "`"
+    yield f"CREATE DATABASE IF NOT EXISTS {quoted_db}", None
+    yield f"USE {quoted_db}", None
+    yield seed_data.PRODUCTS_DDL, None
+    yield seed_data.USER_MEMBER_DDL, None
+    for row in seed_data.PRODUCT_ROWS:
+        yield seed_data.INSERT_PRODUCT, row
+    for row in seed_data.USER_MEMBER_ROWS:
+        yield seed_data.INSERT_USER_MEMBER, row
+    # CDC user: binlog access plus SELECT on the source database only, nothing else.
+    yield "CREATE USER IF NOT EXISTS %s@'%%' IDENTIFIED BY %s", (cdc_user, cdc_password)
+    yield "ALTER USER %s@'%%' IDENTIFIED BY %s", (cdc_user, cdc_password)
+    yield "GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO %s@'%%'", (cdc_user,)
+    yield f"GRANT SELECT ON {quoted_db}.* TO %s@'%%'", (cdc_user,)
+    # RDS purges binlogs as soon as it can unless told to keep them.
+    yield (
+        "CALL mysql.rds_set_configuration('binlog retention hours', %s)",
+        (int(retention_hours),),
+    )
+
+
+def on_event(event, context):  # noqa: ARG001 - Lambda signature
+    request_type = event["RequestType"]
+    props = event["ResourceProperties"]
+    physical_id = f"seed-{props['DatabaseName']}"
+    if request_type == "Delete":
+        return {"PhysicalResourceId": event.get("PhysicalResourceId", physical_id)}
+
+    import boto3  # in the Lambda runtime
+    import pymysql  # bundled with the function at synth time
+
+    secrets = boto3.client("secretsmanager")
+    admin = _secret(secrets, props["AdminSecretArn"])
+    cdc = _secret(secrets, props["CdcSecretArn"])
+    connection = pymysql.connect(
+        host=props["Host"],
+        port=int(props["Port"]),
+        user=admin["username"],
+        password=admin["password"],
+        ssl=_tls_context(),
+        connect_timeout=15,
+        autocommit=True,
+    )
+    try:
+        with connection.cursor() as cursor:
+            for sql, args in seed_statements(
+                props["DatabaseName"],
+                cdc["username"],
+                cdc["password"],
+                int(props.get("BinlogRetentionHours", 24)),
+            ):
+                cursor.execute(sql, args)
+    finally:
+        connection.close()
+    LOG.info("seeded %s and the CDC user %s", props["DatabaseName"], cdc["username"])
+    return {"PhysicalResourceId": physical_id}

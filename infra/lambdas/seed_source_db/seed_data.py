@@ -1,0 +1,52 @@
+"""Seed schema and rows of the source database (`user_db`), as in the customer's source article.
+
+Column names are part of the contract with the CDC job: keep them exactly as they are.
+"""
+
+PRODUCTS_DDL = """
+CREATE TABLE IF NOT EXISTS products (
+  productId VARCHAR(10) PRIMARY KEY,
+  name VARCHAR(255) NOT NULL,
+  description VARCHAR(512),
+  product_price DECIMAL(10,4),
+  update_time TIMESTAMP DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP
+)
+"""
+
+USER_MEMBER_DDL = """
+CREATE TABLE IF NOT EXISTS user_member (
+  userid VARCHAR(10) PRIMARY KEY,
+  name VARCHAR(255) NOT NULL,
+  show_params VARCHAR(256),
+  memberLevel INT,
+  update_time TIMESTAMP DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP
+)
+"""
+
+PRODUCT_ROWS = (
+    ("1", "test01", "Small 2-wheel scooter", 11.11),
+    ("2", "test02", "12V car battery", 11.11),
+    ("3", "test03", "12-pack of drill bits with sizes ranging from #40 to #3", 11.11),
+    ("4", "test04", "12oz carpenter's hammer", 11.11),
+    ("5", "test05", "14oz carpenter's hammer", 11.11),
+    ("6", "test06", "16oz carpenter's hammer", 11.11),
+    ("7", "test07", "box of assorted rocks", 11.11),
+    ("8", "test08", "water resistent black wind breaker", 11.11),
+    ("9", "test09", "24 inch spare tire", 11.11),
+)
+
+USER_MEMBER_ROWS = (
+    ("513248", "test01", "label01", 1),
+    ("10952", "test02", "label02", 2),
+    ("555655", "test03", "label03", 3),
+    ("795098", "test04", "label04", 4),
+    ("603670", "test05", "label05", 5),
+)
+
+# INSERT IGNORE: re-seeding never overwrites rows the demo (or a CDC test) has since changed.
+INSERT_PRODUCT = (
+    "INSERT IGNORE INTO products (productId, name, description, product_price) VALUES (%s, %s, %s, %s)"
+)
+INSERT_USER_MEMBER = (
+    "INSERT IGNORE INTO user_member (userid, name, show_params, memberLevel) VALUES (%s, %s, %s, %s)"
+)

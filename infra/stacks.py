@@ -1,0 +1,223 @@
+"""The stacks of one environment. Each composes constructs; cross-concern grants are wired here.
+
+Deploy order (dependencies): Network -> Lake -> Streaming -> SourceDatabase -> Compute -> Monitoring.
+`cdk destroy` removes them in reverse.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import App, CfnOutput, Environment, Stack, Tags
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ssm as ssm
+from constructs import Construct
+
+from infra.config import DeploymentConfig
+from infra.constructs.emr_compute import EmrCompute
+from infra.constructs.lake_storage import LakeStorage
+from infra.constructs.monitoring import Monitoring
+from infra.constructs.network import Network
+from infra.constructs.source_database import MYSQL_PORT, SourceDatabase
+from infra.constructs.streaming import MSK_IAM_PORT, Streaming
+
+
+class _LakehouseStack(Stack):
+    def __init__(self, scope: Construct, config: DeploymentConfig, concern: str, description: str):
+        env = (
+            Environment(account=config.account, region=config.region)
+            if config.account and config.region
+            else None
+        )
+        super().__init__(
+            scope,
+            config.stack_name(concern),
+            env=env,
+            description=f"Lakehouse {config.env_name}: {description}",
+        )
+        self.config = config
+
+
+class NetworkStack(_LakehouseStack):
+    def __init__(self, scope: Construct, config: DeploymentConfig) -> None:
+        super().__init__(scope, config, "Network", "VPC, NAT, endpoints, flow logs")
+        self.network = Network(
+            self,
+            "Network",
+            settings=config.network,
+            availability_zones=config.availability_zones,
+            removal_policy=config.removal_policy,
+        )
+
+
+class LakeStack(_LakehouseStack):
+    def __init__(self, scope: Construct, config: DeploymentConfig) -> None:
+        super().__init__(scope, config, "Lake", "S3 buckets, Glue databases, Athena workgroup")
+        self.lake = LakeStorage(
+            self,
+            "Lake",
+            name_prefix=config.name_prefix,
+            settings=config.storage,
+            removal_policy=config.removal_policy,
+        )
+        CfnOutput(self, "WarehouseUri", value=self.lake.warehouse_uri)
+        CfnOutput(self, "ArtifactsBucketName", value=self.lake.artifacts_bucket.bucket_name)
+
+
+class StreamingStack(_LakehouseStack):
+    def __init__(self, scope: Construct, config: DeploymentConfig, network: Network) -> None:
+        super().__init__(scope, config, "Streaming", "MSK cluster and clicktopic")
+        self.streaming = Streaming(
+            self,
+            "Streaming",
+            vpc=network.vpc,
+            subnets=network.private_subnets,
+            cluster_name=config.resource_name("msk"),
+            bootstrap_parameter_name=f"{config.parameter_prefix}/msk/bootstrap-brokers",
+            settings=config.streaming,
+            removal_policy=config.removal_policy,
+        )
+
+
+class SourceDatabaseStack(_LakehouseStack):
+    def __init__(self, scope: Construct, config: DeploymentConfig, network: Network) -> None:
+        super().__init__(scope, config, "SourceDatabase", "RDS MySQL with binlog, seeded")
+        self.source_database = SourceDatabase(
+            self,
+            "SourceDatabase",
+            vpc=network.vpc,
+            subnets=network.private_subnets,
+            instance_identifier=config.resource_name("source-mysql"),
+            settings=config.source_database,
+            removal_policy=config.database_removal_policy,
+        )
+        CfnOutput(self, "MySqlHost", value=self.source_database.host)
+        CfnOutput(self, "CdcSecretArn", value=self.source_database.cdc_secret.secret_arn)
+
+
+class ComputeStack(_LakehouseStack):
+    def __init__(
+        self,
+        scope: Construct,
+        config: DeploymentConfig,
+        *,
+        network: Network,
+        lake: LakeStorage,
+        streaming: Streaming,
+        source_database: SourceDatabase,
+    ) -> None:
+        super().__init__(scope, config, "Compute", "EMR cluster (Spark, Hive, Trino)")
+        self.compute = EmrCompute(
+            self,
+            "Compute",
+            vpc=network.vpc,
+            subnets=network.private_subnets,
+            cluster_name=config.resource_name("emr"),
+            settings=config.compute,
+            warehouse_uri=lake.warehouse_uri,
+            log_uri=lake.emr_log_uri,
+            artifacts_bucket_name=lake.artifacts_bucket_name,
+        )
+        role = self.compute.instance_role
+
+        # Grants: the lake (S3 + Glue), the click topic over IAM, the CDC secret; network paths to
+        # MSK and MySQL from the nodes that run job code. Rules live in this stack (remote rules),
+        # so the data stacks never depend on Compute.
+        lake.grant_lake_read_write(role)
+        lake.grant_artifacts_read(role)
+        lake.grant_emr_logs_write(role)
+        streaming.grant_produce_consume(role)
+        source_database.cdc_secret.grant_read(role)
+        for group in self.compute.node_security_groups:
+            streaming.security_group.add_ingress_rule(
+                group, ec2.Port.tcp(MSK_IAM_PORT), "EMR to MSK (IAM/TLS)", True
+            )
+            source_database.security_group.add_ingress_rule(
+                group, ec2.Port.tcp(MYSQL_PORT), "EMR CDC reader to MySQL", True
+            )
+
+        # Seam for the "ship jobs as EMR steps" issue: the arguments of LakehouseConfig.aws(...) in
+        # one parameter, so step definitions need no other lookups.
+        self.job_settings = {
+            "env": config.env_name,
+            "region": self.region,
+            "warehouse": lake.warehouse_uri,
+            "kafka_bootstrap": streaming.bootstrap_brokers,
+            "mysql_host": source_database.host,
+            "mysql_port": MYSQL_PORT,
+            "mysql_cdc_secret_id": source_database.cdc_secret.secret_arn,
+            "checkpoint_dir": lake.checkpoint_uri,
+        }
+        self.job_settings_parameter = ssm.StringParameter(
+            self,
+            "JobSettingsParameter",
+            parameter_name=f"{config.parameter_prefix}/jobs/settings",
+            string_value=self.to_json_string(self.job_settings),
+            description="Arguments of lakehouse.config.LakehouseConfig.aws for jobs on EMR",
+        )
+        self.job_settings_parameter.grant_read(role)
+        CfnOutput(self, "EmrClusterId", value=self.compute.cluster_id)
+        CfnOutput(self, "JobSettingsParameterName", value=self.job_settings_parameter.parameter_name)
+
+
+class MonitoringStack(_LakehouseStack):
+    def __init__(
+        self,
+        scope: Construct,
+        config: DeploymentConfig,
+        *,
+        compute: EmrCompute,
+        streaming: Streaming,
+        source_database: SourceDatabase,
+    ) -> None:
+        super().__init__(scope, config, "Monitoring", "EMR failure events and storage alarms")
+        self.monitoring = Monitoring(
+            self,
+            "Monitoring",
+            settings=config.monitoring,
+            emr_cluster_id=compute.cluster_id,
+            database=source_database.instance,
+            msk_cluster_name=streaming.cluster_name,
+            msk_broker_count=streaming.broker_count,
+        )
+        CfnOutput(self, "AlertsTopicArn", value=self.monitoring.topic.topic_arn)
+
+
+class LakehouseStacks:
+    """All stacks of one environment, in deploy order."""
+
+    def __init__(self, app: App, config: DeploymentConfig) -> None:
+        self.network = NetworkStack(app, config)
+        self.lake = LakeStack(app, config)
+        self.streaming = StreamingStack(app, config, self.network.network)
+        self.source_database = SourceDatabaseStack(app, config, self.network.network)
+        self.compute = ComputeStack(
+            app,
+            config,
+            network=self.network.network,
+            lake=self.lake.lake,
+            streaming=self.streaming.streaming,
+            source_database=self.source_database.source_database,
+        )
+        # Compute refers to the lake and MSK by name (no cross-stack reference): order explicitly.
+        self.compute.add_stack_dependency(self.lake)
+        self.compute.add_stack_dependency(self.streaming)
+        self.monitoring = MonitoringStack(
+            app,
+            config,
+            compute=self.compute.compute,
+            streaming=self.streaming.streaming,
+            source_database=self.source_database.source_database,
+        )
+        for stack in self.all:
+            Tags.of(stack).add("project", "lakehouse")
+            Tags.of(stack).add("environment", config.env_name)
+
+    @property
+    def all(self) -> tuple[Stack, ...]:
+        return (
+            self.network,
+            self.lake,
+            self.streaming,
+            self.source_database,
+            self.compute,
+            self.monitoring,
+        )

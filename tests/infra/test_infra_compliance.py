@@ -1,0 +1,153 @@
+"""cdk-nag, cfn-lint, IAM scoping and secrets hygiene over every synthesized template."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from cfnlint.api import lint
+
+# Statements that must use Resource "*", each with the reason (keyed by their action set).
+EXPLAINED_STAR_RESOURCES = {
+    frozenset({"ec2:DescribeSecurityGroups"}): (
+        "EMR security-group cleanup Lambda: Describe* does not support resource-level permissions"
+    ),
+}
+# Resource policies (key, bucket, topic, secret policies) are not identity grants: "*" there means
+# "this resource". They are checked by cdk-nag instead.
+IDENTITY_POLICY_TYPES = ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy", "AWS::IAM::Role")
+
+
+def test_cdk_nag_has_no_unacknowledged_findings(synthesized):
+    assert synthesized.nag_report is None, f"cdk-nag findings:\n{synthesized.nag_report}"
+
+
+def test_every_acknowledgement_has_a_reason(synthesized):
+    acknowledgements = synthesized.acknowledgements()
+    nag = [a for a in acknowledgements if a[1].startswith("AwsSolutions::AwsSolutions-")]
+    assert nag, "expected the documented AwsSolutions acknowledgements"
+    for path, rule, reason in acknowledgements:
+        assert reason and len(reason.strip()) >= 20, f"{path}: {rule} has no real reason"
+
+
+@pytest.mark.parametrize(
+    "concern", ["Network", "Lake", "Streaming", "SourceDatabase", "Compute", "Monitoring"]
+)
+def test_cfn_lint_has_no_errors(synthesized, concern):
+    matches = lint(json.dumps(synthesized.templates[concern]), regions=["us-east-1"])
+    errors = [f"{m.rule.id} {m.message} ({m.path})" for m in matches if m.rule.id.startswith("E")]
+    assert not errors, "\n".join(errors)
+
+
+def _statements(template: dict) -> Iterator[tuple[str, dict]]:
+    for logical_id, resource in template["Resources"].items():
+        if resource["Type"] not in IDENTITY_POLICY_TYPES:
+            continue
+        props = resource.get("Properties", {})
+        documents = [props["PolicyDocument"]] if "PolicyDocument" in props else []
+        documents += [p["PolicyDocument"] for p in props.get("Policies", [])]
+        for document in documents:
+            for statement in document["Statement"]:
+                yield logical_id, statement
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def test_every_star_resource_is_explained(synthesized):
+    unexplained = []
+    for concern, template in synthesized.templates.items():
+        for logical_id, statement in _statements(template):
+            if "*" in _as_list(statement.get("Resource", [])):
+                actions = frozenset(_as_list(statement["Action"]))
+                if actions not in EXPLAINED_STAR_RESOURCES:
+                    unexplained.append(f"{concern}/{logical_id}: {sorted(actions)}")
+    assert not unexplained, "Resource '*' without a reason:\n" + "\n".join(unexplained)
+
+
+def test_emr_instance_role_is_scoped_to_project_resources(synthesized):
+    template = synthesized.templates["Compute"]
+    env = synthesized.config.env_name
+    role_policies = [
+        s for logical_id, s in _statements(template) if logical_id.startswith("ComputeInstanceRole")
+    ]
+    assert role_policies
+    project_markers = (
+        f"lakehouse-{env}-",  # buckets, MSK cluster
+        "elasticmapreduce/*",  # EMR's own regional bucket
+        ":glue:",  # catalog + the project's databases, checked below
+        "/lakehouse/",  # SSM parameters (by name)
+        "JobSettingsParameter",  # the job settings parameter (a reference)
+        "Secret",  # the CDC secret (a reference)
+        "Key",  # the EMR disk key (a reference)
+        "InstanceRole",  # PassRole on itself
+    )
+    actions_seen = set()
+    for statement in role_policies:
+        assert statement["Effect"] == "Allow"
+        actions_seen |= set(_as_list(statement["Action"]))
+        for resource in _as_list(statement["Resource"]):
+            rendered = json.dumps(resource)
+            assert rendered != '"*"'
+            assert any(marker in rendered for marker in project_markers), rendered
+            if ":glue:" in rendered:
+                assert any(
+                    part in rendered
+                    for part in (":catalog", "dim_db", "ods_behavior", "ads_behavior", "database/default")
+                ), rendered
+    assert {
+        "kafka-cluster:Connect",
+        "kafka-cluster:ReadData",
+        "kafka-cluster:WriteData",
+        "secretsmanager:GetSecretValue",
+        "glue:CreateTable",
+        "s3:PutObject",
+    } <= actions_seen
+    assert not any(a.endswith(":*") or a == "*" for a in actions_seen)
+
+
+# ---- no literal passwords -------------------------------------------------------------------
+
+
+def _is_password_key(key: str) -> bool:
+    # SecretString is a secret's literal value; SecretStringTemplate (non-secret fields) is fine.
+    return "password" in key.lower() or "passwd" in key.lower() or key == "SecretString"
+
+
+def literal_passwords(node, path: str = "") -> list[str]:
+    """Paths of password-like keys whose value is a literal, not a reference or dynamic lookup."""
+    found = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            here = f"{path}/{key}"
+            if _is_password_key(key) and isinstance(value, str):
+                if not value.startswith("{{resolve:"):
+                    found.append(here)
+            found += literal_passwords(value, here)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            found += literal_passwords(value, f"{path}[{index}]")
+    return found
+
+
+def test_password_detector_catches_literals():
+    bad = {
+        "Resources": {
+            "Db": {"Properties": {"MasterUserPassword": "hunter2"}},
+            "Fn": {"Properties": {"Environment": {"Variables": {"DB_PASSWORD": "x"}}}},
+            "S": {"Properties": {"SecretString": '{"password": "x"}'}},
+        }
+    }
+    assert len(literal_passwords(bad)) == 3
+    good = {
+        "MasterUserPassword": "{{resolve:secretsmanager:arn:secret:SecretString:password}}",
+        "MasterUserPasswordRef": {"Fn::Join": ["", ["{{resolve:secretsmanager:", "x", "}}"]]},
+    }
+    assert literal_passwords(good) == []
+
+
+def test_no_template_holds_a_literal_password(synthesized):
+    for concern, template in synthesized.templates.items():
+        assert literal_passwords(template) == [], concern

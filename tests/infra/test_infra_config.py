@@ -1,0 +1,85 @@
+"""The typed deployment config and how app.py turns CLI context into it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from aws_cdk import App, RemovalPolicy
+
+from infra.config import DeploymentConfig
+from infra.lakehouse_app import config_from_context
+from lakehouse.config import ConfigError
+
+
+def test_unknown_environment_says_what_to_pass():
+    with pytest.raises(ConfigError, match=r"-c env=dev or -c env=prod"):
+        DeploymentConfig.for_env("staging")
+
+
+def test_context_defaults_to_dev_and_stays_environment_agnostic():
+    config = config_from_context(App(), environ={})
+    assert config.env_name == "dev"
+    assert (config.account, config.region, config.availability_zones) == (None, None, None)
+
+
+def test_account_and_region_from_the_cli_pin_azs_without_a_lookup():
+    app = App(context={"env": "prod"})
+    config = config_from_context(
+        app, environ={"CDK_DEFAULT_ACCOUNT": "111122223333", "CDK_DEFAULT_REGION": "eu-west-1"}
+    )
+    assert (config.account, config.region) == ("111122223333", "eu-west-1")
+    assert config.availability_zones == ("eu-west-1a", "eu-west-1b", "eu-west-1c")
+
+
+def test_azs_context_overrides_and_is_checked():
+    environ = {"CDK_DEFAULT_ACCOUNT": "111122223333", "CDK_DEFAULT_REGION": "ap-northeast-1"}
+    app = App(context={"env": "dev", "azs": "ap-northeast-1a,ap-northeast-1c"})
+    assert config_from_context(app, environ).availability_zones == (
+        "ap-northeast-1a",
+        "ap-northeast-1c",
+    )
+    with pytest.raises(ConfigError, match="availability zones"):
+        config_from_context(App(context={"env": "prod", "azs": "x-1a"}), environ)
+
+
+def test_half_an_environment_stays_agnostic():
+    config = DeploymentConfig.for_env("dev", region="us-east-1")
+    assert (config.account, config.region) == (None, None)
+
+
+def test_dev_and_prod_differ_by_values_and_prod_keeps_data():
+    dev, prod = DeploymentConfig.for_env("dev"), DeploymentConfig.for_env("prod")
+    assert [f.name for f in dataclasses.fields(dev)] == [f.name for f in dataclasses.fields(prod)]
+    assert dev.removal_policy == RemovalPolicy.DESTROY
+    assert dev.database_removal_policy == RemovalPolicy.DESTROY
+    assert prod.removal_policy == RemovalPolicy.RETAIN
+    assert prod.database_removal_policy == RemovalPolicy.SNAPSHOT
+    assert (dev.network.max_azs, prod.network.max_azs) == (2, 3)
+    assert dev.network.nat_gateways == 1
+    assert dev.compute.idle_timeout is not None and prod.compute.idle_timeout is None
+    assert dev.compute.task_spot_units > 0
+    assert dev.compute.release_label == prod.compute.release_label == "emr-7.14.0"
+
+
+def test_account_bound_synth_needs_no_lookup(tmp_path):
+    """With CDK_DEFAULT_ACCOUNT/REGION (a deploy), synth still makes no context lookup."""
+    import json
+    from pathlib import Path
+
+    from infra.lakehouse_app import build_lakehouse
+
+    context = json.loads((Path(__file__).resolve().parents[2] / "cdk.json").read_text())["context"]
+    app = App(context={**context, "env": "prod"}, outdir=str(tmp_path))
+    environ = {"CDK_DEFAULT_ACCOUNT": "111122223333", "CDK_DEFAULT_REGION": "us-east-1"}
+    build_lakehouse(app, config_from_context(app, environ))
+    assembly = app.synth()  # cdk-nag runs here too; findings would raise
+    manifest = json.loads((Path(assembly.directory) / "manifest.json").read_text())
+    assert not manifest.get("missing"), manifest.get("missing")
+    network = json.loads((Path(assembly.directory) / "Lakehouse-prod-Network.template.json").read_text())
+    azs = {
+        r["Properties"]["AvailabilityZone"]
+        for r in network["Resources"].values()
+        if r["Type"] == "AWS::EC2::Subnet"
+    }
+    assert azs == {"us-east-1a", "us-east-1b", "us-east-1c"}

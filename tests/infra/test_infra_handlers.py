@@ -1,0 +1,99 @@
+"""The custom-resource Lambda handlers' logic, without AWS or a database."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+LAMBDAS = Path(__file__).resolve().parents[2] / "infra" / "lambdas"
+
+
+def _load(handler_dir: str):
+    """Import a handler the way Lambda does (its directory on sys.path)."""
+    directory = str(LAMBDAS / handler_dir)
+    sys.path.insert(0, directory)
+    try:
+        spec = importlib.util.spec_from_file_location(
+            f"{handler_dir}_handler", LAMBDAS / handler_dir / "handler.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(directory)
+
+
+@pytest.fixture(scope="module")
+def seed():
+    return _load("seed_source_db")
+
+
+def _statements(seed):
+    return list(seed.seed_statements("user_db", "cdc_user", "generated-in-test", 24))
+
+
+def test_seed_keeps_the_source_column_names(seed):
+    sql = " ".join(s for s, _ in _statements(seed))
+    for column in ("productId", "name", "description", "product_price", "update_time"):
+        assert re.search(rf"\b{column}\b", sql), column
+    for column in ("userid", "show_params", "memberLevel"):
+        assert re.search(rf"\b{column}\b", sql), column
+    inserts = [args for s, args in _statements(seed) if s.startswith("INSERT IGNORE")]
+    assert len(inserts) == 9 + 5
+    assert ("513248", "test01", "label01", 1) in inserts
+
+
+def test_cdc_user_gets_only_replication_and_select(seed):
+    grants = [s for s, _ in _statements(seed) if s.startswith("GRANT")]
+    privileges = set()
+    for grant in grants:
+        privileges |= {p.strip() for p in grant[len("GRANT ") : grant.index(" ON ")].split(",")}
+    assert privileges == {"REPLICATION SLAVE", "REPLICATION CLIENT", "SELECT"}
+    assert any("ON `user_db`.*" in g and g.startswith("GRANT SELECT") for g in grants)
+
+
+def test_binlog_retention_is_set_and_passwords_are_parameters(seed):
+    statements = _statements(seed)
+    assert (
+        "CALL mysql.rds_set_configuration('binlog retention hours', %s)",
+        (24,),
+    ) in statements
+    # The password only ever travels as a bound parameter, never inside the SQL text.
+    assert all("generated-in-test" not in sql for sql, _ in statements)
+
+
+def test_seed_delete_is_a_no_op(seed):
+    event = {
+        "RequestType": "Delete",
+        "PhysicalResourceId": "seed-user_db",
+        "ResourceProperties": {"DatabaseName": "user_db"},
+    }
+    assert seed.on_event(event, None) == {"PhysicalResourceId": "seed-user_db"}
+
+
+def test_cleanup_revokes_only_group_references():
+    cleanup = _load("emr_sg_cleanup")
+    permissions = [
+        {
+            "IpProtocol": "tcp",
+            "FromPort": 443,
+            "ToPort": 443,
+            "IpRanges": [{"CidrIp": "10.0.0.0/16"}],
+            "UserIdGroupPairs": [],
+        },
+        {
+            "IpProtocol": "-1",
+            "IpRanges": [],
+            "UserIdGroupPairs": [{"GroupId": "sg-1", "UserId": "111122223333", "Description": "EMR"}],
+        },
+    ]
+    assert cleanup.group_references(permissions) == [
+        {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": "sg-1", "UserId": "111122223333"}]}
+    ]
+    assert cleanup.on_event({"RequestType": "Create", "ResourceProperties": {}}, None) == {
+        "PhysicalResourceId": cleanup.PHYSICAL_ID
+    }
