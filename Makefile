@@ -5,8 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CDK := node_modules/.bin/cdk
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
-DEMO_SECONDS ?= 120
 PYTEST_ARGS ?=
 
 .PHONY: setup system jars cli demo test test-fast bench synth lint clean
@@ -31,7 +31,7 @@ $(CDK): package.json
 	@touch $@
 
 demo: setup ## Run the pipeline end to end on the embedded local stack
-	$(VENV)/bin/lakehouse demo --seconds $(DEMO_SECONDS)
+	$(VENV)/bin/lakehouse demo
 
 test: setup ## Run the whole test suite (starts its own stack on other ports)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -42,7 +42,7 @@ bench: setup ## Benchmarks; prints tables and writes bench/results/*.json
 synth: setup ## Synthesize the CDK app for dev and prod into cdk.out/<env>
 	@for env in dev prod; do \
 	  echo "cdk synth -c env=$$env"; \
-	  $(CDK) synth --all -q -c env=$$env -o cdk.out/$$env || exit 1; \
+	  $(CDK) synth -q -c env=$$env -o cdk.out/$$env || exit 1; \
 	done
 
 lint: setup

@@ -60,6 +60,7 @@ def spark_conf(config: LakehouseConfig) -> dict[str, str]:
                 "spark.driver.host": "127.0.0.1",
                 "spark.driver.bindAddress": "127.0.0.1",
                 "spark.ui.enabled": "false",
+                "spark.ui.showConsoleProgress": "false",
                 "spark.sql.adaptive.coalescePartitions.enabled": "true",
                 "spark.driver.extraJavaOptions": "-Duser.timezone=UTC -XX:+UseG1GC",
             }

@@ -117,6 +117,17 @@ def sql(query: str, engine: str, fmt: str) -> None:
         click.echo(adhoc_sql.render(result, fmt))
 
 
+@main.command()
+def demo() -> None:
+    """Run the demo on the embedded local stack (what `make demo` calls)."""
+    from lakehouse.demo import run_demo
+
+    try:
+        run_demo(out)
+    except (StackError, ConfigError) as exc:
+        _fail(str(exc))
+
+
 # ---- pipeline ---------------------------------------------------------------------------------
 
 # Each job is a module with `main(argv)`; the same module is what an EMR step runs.

@@ -30,7 +30,7 @@ def read_progress(spark, table: str, key: str) -> str | None:
         f"""SELECT s.summary['{key}'] AS value
             FROM {table}.history h JOIN {table}.snapshots s ON h.snapshot_id = s.snapshot_id
             WHERE h.is_current_ancestor AND s.summary['{key}'] IS NOT NULL
-            ORDER BY h.made_current_at DESC, s.sequence_number DESC
+            ORDER BY h.made_current_at DESC, s.committed_at DESC
             LIMIT 1"""
     ).collect()
     return rows[0]["value"] if rows else None
