@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""CDK entry point: `cdk synth|deploy|destroy -c env=dev|prod` (default dev). See infra/DEPLOY.md."""
+"""CDK entry point: `cdk synth|deploy|destroy -c env=dev|prod` (default dev). See README "Deploy and destroy"."""
 
 import sys
 

@@ -198,7 +198,7 @@ class EmrCompute(Construct):
         # ---- security configuration: encryption at rest and in transit, IMDSv2 only.
         # In-transit TLS needs certificates: a PEM zip (privateKey.pem, certificateChain.pem,
         # trustedCertificates.pem) the operator uploads to the artifacts bucket before the Compute
-        # stack is deployed (see infra/DEPLOY.md). It is never generated or committed here.
+        # stack is deployed (see README "Deploy and destroy"). It is never generated or committed here.
         self.tls_certificates_uri = f"s3://{artifacts_bucket_name}/{EMR_TLS_CERTIFICATES_KEY}"
         self.security_configuration = emr.CfnSecurityConfiguration(
             self,
