@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -82,6 +83,10 @@ def build_spark(config: LakehouseConfig, app_name: str, extra_conf: Mapping[str,
     """Create (or reuse) the SparkSession for `config`. Jobs never build sessions themselves."""
     from pyspark.sql import SparkSession
 
+    if config.spark.master and config.spark.master.startswith("local"):
+        # Python workers must run this venv's interpreter (confluent-kafka, pyarrow live here);
+        # PySpark reads only the env var for that, not `spark.pyspark.python`.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if config.spark.master:
         builder = builder.master(config.spark.master)

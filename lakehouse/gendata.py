@@ -34,6 +34,7 @@ MALFORMED_KINDS = (
     "update_time_in_future",
 )
 DAY_MS = 24 * 3600 * 1000
+FAR_FUTURE_MS = 4_102_444_800_000  # 2100-01-01: always "more than a day ahead", and deterministic
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def malformed_payload(kind: str, rng: random.Random, event: dict) -> bytes:
     if kind == "update_time_too_old":
         return _json({**event, "updateTime": 946_684_800_000 - rng.randint(1, 10**9)})
     if kind == "update_time_in_future":
-        return _json({**event, "updateTime": int(time.time() * 1000) + 2 * DAY_MS})
+        return _json({**event, "updateTime": FAR_FUTURE_MS + rng.randint(0, DAY_MS)})
     raise ValueError(f"unknown malformed kind {kind!r}")
 
 

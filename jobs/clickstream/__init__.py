@@ -1,0 +1,1 @@
+"""The clickstream ingest job's parts: schema, validation, Kafka source, products dimension."""

@@ -1,0 +1,91 @@
+"""Tables the clickstream ingest writes, and the progress key it stores in their snapshots."""
+
+from __future__ import annotations
+
+from pyspark.sql.types import (
+    BooleanType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+FACT_TABLE = ("ods_behavior", "clickevent")
+REJECTS_TABLE = ("ods_behavior", "clickevent_rejects")
+PRODUCTS_TABLE = ("dim_db", "products")
+
+# Snapshot-summary key holding `{"<topic>": {"<partition>": next_offset, ...}}`.
+OFFSETS_KEY = "lakehouse.kafka.offsets"
+
+# What an executor task returns per Kafka record: lineage, and either the parsed fields (valid)
+# or the reason plus the raw payload (reject).
+FETCHED_RECORD = StructType(
+    [
+        StructField("kafka_partition", IntegerType(), False),
+        StructField("kafka_offset", LongType(), False),
+        StructField("kafka_timestamp_ms", LongType(), True),
+        StructField("reject_reason", StringType(), True),
+        StructField("raw_payload", StringType(), True),
+        StructField("payload_is_base64", BooleanType(), True),
+        StructField("webpageId", IntegerType(), True),
+        StructField("uid", StringType(), True),
+        StructField("productId", StringType(), True),
+        StructField("cookieId", StringType(), True),
+        StructField("expendTime", IntegerType(), True),
+        StructField("updateTime", LongType(), True),
+    ]
+)
+
+# Applies to both tables: metadata files are cleaned up on commit, and several writers (this job,
+# compaction, the CDC and view jobs) may race, so commits retry more than the default 4 times.
+COMMON_PROPERTIES = {
+    "format-version": "2",
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "50",
+    "commit.retry.num-retries": "20",
+    "commit.retry.min-wait-ms": "50",
+    "write.parquet.compression-codec": "zstd",
+}
+
+
+def _properties_sql(properties: dict[str, str]) -> str:
+    return ", ".join(f"'{k}'='{v}'" for k, v in properties.items())
+
+
+def fact_table_ddl(table: str) -> list[str]:
+    # Note: partitioned by the event's own day (not processing day) so late events land where
+    # queries look for them; sorted by productId then time within each file for pruning.
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {table} (
+              webpageId int, uid string, productId string, cookieId string, expendTime int,
+              eventTime timestamp, name string, product_price decimal(10,4), dt string,
+              kafka_partition int, kafka_offset bigint, ingested_at timestamp)
+            USING iceberg
+            PARTITIONED BY (days(eventTime))
+            TBLPROPERTIES ({_properties_sql(COMMON_PROPERTIES)})""",
+        f"ALTER TABLE {table} WRITE LOCALLY ORDERED BY productId, eventTime",
+    ]
+
+
+def rejects_table_ddl(table: str) -> list[str]:
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {table} (
+              raw_payload string, payload_is_base64 boolean, reason string,
+              kafka_partition int, kafka_offset bigint, ingested_at timestamp)
+            USING iceberg
+            PARTITIONED BY (days(ingested_at))
+            TBLPROPERTIES ({_properties_sql(COMMON_PROPERTIES)})""",
+    ]
+
+
+def products_table_ddl(table: str) -> list[str]:
+    # Owned by the CDC job (issue 4); created here only when missing, with exactly its schema.
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {table} (
+              productId string NOT NULL, name string, description string,
+              product_price decimal(10,4), update_time timestamp)
+            USING iceberg
+            TBLPROPERTIES ('format-version'='2')""",
+        f"ALTER TABLE {table} SET IDENTIFIER FIELDS productId",
+    ]

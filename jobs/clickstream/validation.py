@@ -1,0 +1,162 @@
+"""Validation of raw Kafka records and the pure DataFrame transforms that shape the two tables.
+
+`classify_payload` runs inside the executor tasks that fetch from Kafka (one pass per record, no
+Spark round trip); everything after it is a `DataFrame -> DataFrame` transform.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+MAX_PAYLOAD_BYTES = 64 * 1024
+MIN_UPDATE_TIME_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
+MAX_FUTURE_MS = 24 * 3600 * 1000
+
+INT32_RANGE = (-(2**31), 2**31 - 1)
+INT64_RANGE = (-(2**63), 2**63 - 1)
+# ClickEvent fields and their JSON types; all are required and non-null.
+REQUIRED_FIELDS: dict[str, type] = {
+    "webpageId": int,
+    "uid": str,
+    "productId": str,
+    "cookieId": str,
+    "expendTime": int,
+    "updateTime": int,
+}
+_INT_RANGES = {"webpageId": INT32_RANGE, "expendTime": INT32_RANGE, "updateTime": INT64_RANGE}
+
+
+class RejectReason:
+    """Reason prefixes in the rejects table (`reason` is `<kind>` or `<kind>: <detail>`)."""
+
+    NOT_JSON = "not_json"
+    NOT_OBJECT = "not_object"
+    MISSING_FIELD = "missing_field"
+    NULL_FIELD = "null_field"
+    WRONG_TYPE = "wrong_type"
+    TOO_LARGE = "payload_too_large"
+    NOT_UTF8 = "not_utf8"
+    UPDATE_TIME_OUT_OF_RANGE = "update_time_out_of_range"
+
+
+@dataclass(frozen=True)
+class ClickEvent:
+    webpageId: int  # noqa: N815 - the source's field names
+    uid: str
+    productId: str  # noqa: N815
+    cookieId: str  # noqa: N815
+    expendTime: int  # noqa: N815
+    updateTime: int  # noqa: N815
+
+
+@dataclass(frozen=True)
+class Rejected:
+    reason: str
+    raw_payload: str
+    payload_is_base64: bool
+
+
+def raw_payload_text(payload: bytes) -> tuple[str, bool]:
+    """The payload as text when it is UTF-8, else base64 (second value says which)."""
+    try:
+        return payload.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return base64.b64encode(payload).decode("ascii"), True
+
+
+def _field_problem(name: str, value: object) -> str | None:
+    expected = REQUIRED_FIELDS[name]
+    if value is None:
+        return f"{RejectReason.NULL_FIELD}: {name}"
+    # bool is an int subclass in Python; JSON true/false is the wrong type for a number.
+    if not isinstance(value, expected) or isinstance(value, bool):
+        return f"{RejectReason.WRONG_TYPE}: {name} is {type(value).__name__}, not {expected.__name__}"
+    if name in _INT_RANGES:
+        low, high = _INT_RANGES[name]
+        if not low <= value <= high:
+            return f"{RejectReason.WRONG_TYPE}: {name} out of range"
+    return None
+
+
+def classify_payload(payload: bytes | None, now_ms: int) -> ClickEvent | Rejected:
+    """Parse one Kafka value into a ClickEvent, or say why it is rejected. Never raises."""
+    payload = payload or b""
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        text, is_b64 = raw_payload_text(payload)
+        return Rejected(RejectReason.TOO_LARGE, text, is_b64)
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return Rejected(RejectReason.NOT_UTF8, base64.b64encode(payload).decode("ascii"), True)
+    try:
+        document = json.loads(text)
+    except (ValueError, RecursionError):
+        return Rejected(RejectReason.NOT_JSON, text, False)
+    if not isinstance(document, dict):
+        return Rejected(f"{RejectReason.NOT_OBJECT}: {type(document).__name__}", text, False)
+    for name in REQUIRED_FIELDS:
+        if name not in document:
+            return Rejected(f"{RejectReason.MISSING_FIELD}: {name}", text, False)
+        problem = _field_problem(name, document[name])
+        if problem:
+            return Rejected(problem, text, False)
+    update_time = document["updateTime"]
+    if update_time < MIN_UPDATE_TIME_MS or update_time > now_ms + MAX_FUTURE_MS:
+        return Rejected(RejectReason.UPDATE_TIME_OUT_OF_RANGE, text, False)
+    return ClickEvent(**{name: document[name] for name in REQUIRED_FIELDS})
+
+
+# ---- DataFrame transforms ------------------------------------------------------------------------
+
+
+def offsets_at_or_after(starts: dict[int, int]) -> Column:
+    """Rows whose offset is at or after their partition's start (drops what a table already has)."""
+    condition = F.lit(False)
+    for partition, start in starts.items():
+        condition = condition | ((F.col("kafka_partition") == partition) & (F.col("kafka_offset") >= start))
+    return condition
+
+
+def valid_click_events(fetched: DataFrame) -> DataFrame:
+    return fetched.where(F.col("reject_reason").isNull())
+
+
+def rejected_records(fetched: DataFrame) -> DataFrame:
+    return fetched.where(F.col("reject_reason").isNotNull())
+
+
+def to_click_events(valid: DataFrame, products: DataFrame, ingested_at: Column) -> DataFrame:
+    """Valid records -> fact rows: event time from updateTime (UTC), left join with the dimension."""
+    dimension = products.select("productId", "name", "product_price")
+    event_time = F.timestamp_millis(F.col("updateTime"))
+    return valid.join(F.broadcast(dimension), on="productId", how="left").select(
+        F.col("webpageId"),
+        F.col("uid"),
+        F.col("productId"),
+        F.col("cookieId"),
+        F.col("expendTime"),
+        event_time.alias("eventTime"),
+        F.col("name"),
+        F.col("product_price").cast("decimal(10,4)").alias("product_price"),
+        # The session time zone is UTC (spark_session), so this is the UTC calendar day.
+        F.date_format(event_time, "yyyyMMdd").alias("dt"),
+        F.col("kafka_partition"),
+        F.col("kafka_offset"),
+        ingested_at.alias("ingested_at"),
+    )
+
+
+def to_rejects(rejected: DataFrame, ingested_at: Column) -> DataFrame:
+    return rejected.select(
+        F.col("raw_payload"),
+        F.col("payload_is_base64"),
+        F.col("reject_reason").alias("reason"),
+        F.col("kafka_partition"),
+        F.col("kafka_offset"),
+        ingested_at.alias("ingested_at"),
+    )

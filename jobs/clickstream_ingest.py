@@ -1,0 +1,302 @@
+"""Job `clickstream_ingest`: Kafka `clicktopic` -> `ods_behavior.clickevent` (+ rejects), exactly once.
+
+Each micro-batch:
+1. plans one offset range per partition, starting where the tables' snapshots say (the offsets are
+   committed in the snapshot summary together with the rows, key `lakehouse.kafka.offsets`);
+2. lets executor tasks fetch and validate the records (`clickstream.kafka_source`), materialized
+   once so both writes see the same records;
+3. enriches valid events with `dim_db.products` re-read this batch, appends them to the fact table
+   and the invalid ones to the rejects table, each commit carrying the batch's end offsets.
+
+A table only receives records at or after its own stored offset, so a crash between the two
+commits, a kill -9 or a replay never duplicates anything. Run as `lakehouse run ingest` locally;
+the same module is the EMR step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from jobs.clickstream.kafka_auth import kafka_client_config
+from jobs.clickstream.kafka_source import (
+    BrokerUnavailable,
+    FetchSettings,
+    fetch_ranges,
+    plan_ranges,
+    topic_partitions,
+)
+from jobs.clickstream.products_dimension import ensure_products_dimension, read_products
+from jobs.clickstream.schema import (
+    FACT_TABLE,
+    OFFSETS_KEY,
+    PRODUCTS_TABLE,
+    REJECTS_TABLE,
+    fact_table_ddl,
+    rejects_table_ddl,
+)
+from jobs.clickstream.validation import (
+    offsets_at_or_after,
+    rejected_records,
+    to_click_events,
+    to_rejects,
+    valid_click_events,
+)
+from jobs.common.job_args import add_environment_args, config_from_args
+from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
+from jobs.common.snapshot_progress import read_progress, retry_commit, writer_options
+from jobs.spark_session import build_spark
+from lakehouse.config import KafkaConfig, LakehouseConfig
+
+log = logging.getLogger("clickstream_ingest")
+
+Offsets = dict[int, int]  # partition -> next offset to read
+
+
+@dataclass(frozen=True)
+class IngestSettings:
+    topic: str
+    fact_table: str
+    rejects_table: str
+    products_table: str
+    fetch: FetchSettings = field(default_factory=FetchSettings)
+    max_backoff_seconds: float = 30.0
+
+
+# ---- offsets in snapshot summaries -----------------------------------------------------------------
+
+
+def offsets_from_summary(value: str | None, topic: str) -> Offsets:
+    if not value:
+        return {}
+    return {int(p): int(o) for p, o in json.loads(value).get(topic, {}).items()}
+
+
+def offsets_summary(topic: str, offsets: Offsets) -> str:
+    return json.dumps({topic: {str(p): offsets[p] for p in sorted(offsets)}}, separators=(",", ":"))
+
+
+def stored_offsets(spark: SparkSession, table: str, topic: str) -> Offsets:
+    return offsets_from_summary(read_progress(spark, table, OFFSETS_KEY), topic)
+
+
+# ---- the job -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class BatchResult:
+    records: int = 0
+    valid: int = 0
+    rejects: int = 0
+    end_offsets: Offsets = field(default_factory=dict)
+    commit_ms: float = 0.0
+    lag_seconds: float | None = None
+
+
+class ClickstreamIngest:
+    """Holds the per-table offsets between batches; `run_batch` is one micro-batch."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        config: LakehouseConfig,
+        settings: IngestSettings,
+        stop: StopRequest | None = None,
+    ) -> None:
+        self.spark = spark
+        self.config = config
+        self.settings = settings
+        self.stop = stop or StopRequest()
+        self.batches = 0
+        kafka: KafkaConfig = config.kafka
+        self._client_config_factory = lambda: kafka_client_config(kafka)
+        self.fact_offsets: Offsets = {}
+        self.reject_offsets: Offsets = {}
+
+    def prepare(self) -> None:
+        ddl = fact_table_ddl(self.settings.fact_table) + rejects_table_ddl(self.settings.rejects_table)
+        for statement in ddl:
+            self.spark.sql(statement)
+        ensure_products_dimension(self.spark, self.config, self.settings.products_table)
+        self.fact_offsets = stored_offsets(self.spark, self.settings.fact_table, self.settings.topic)
+        self.reject_offsets = stored_offsets(self.spark, self.settings.rejects_table, self.settings.topic)
+        log.info(
+            "resuming %s from fact offsets %s, rejects offsets %s",
+            self.settings.topic,
+            self.fact_offsets,
+            self.reject_offsets,
+        )
+
+    # -- one micro-batch --
+
+    def run_batch(self) -> int:
+        fetched = self._fetch_with_retry()
+        if fetched is None:
+            return 0
+        per_partition = (
+            fetched.groupBy("kafka_partition")
+            .agg(
+                F.max("kafka_offset").alias("last_offset"),
+                F.count(F.lit(1)).alias("records"),
+                F.count("reject_reason").alias("rejects"),
+                F.max("kafka_timestamp_ms").alias("newest_ms"),
+            )
+            .collect()
+        )
+        if not per_partition:
+            return 0
+        result = BatchResult(
+            records=sum(r["records"] for r in per_partition),
+            rejects=sum(r["rejects"] for r in per_partition),
+        )
+        result.valid = result.records - result.rejects
+        # The batch's end is defined by what was read, never by the broker's watermark.
+        result.end_offsets = {r["kafka_partition"]: r["last_offset"] + 1 for r in per_partition}
+        newest_ms = max((r["newest_ms"] or 0) for r in per_partition)
+        self._commit(fetched, result)
+        result.lag_seconds = max(0.0, time.time() - newest_ms / 1000) if newest_ms else None
+        self.batches += 1
+        self._log_batch(result)
+        return result.records
+
+    def _starts(self, partitions: list[int]) -> tuple[Offsets, Offsets, Offsets]:
+        fact = {p: self.fact_offsets.get(p, 0) for p in partitions}
+        rejects = {p: self.reject_offsets.get(p, 0) for p in partitions}
+        fetch = {p: min(fact[p], rejects[p]) for p in partitions}
+        return fact, rejects, fetch
+
+    def _fetch_with_retry(self) -> DataFrame | None:
+        """Plan and fetch one batch; while the broker is down, back off and retry (never crash)."""
+        delay = 1.0
+        while not self.stop.requested:
+            try:
+                partitions = topic_partitions(self._client_config_factory(), self.settings.topic)
+                _, _, starts = self._starts(partitions)
+                ranges = plan_ranges(
+                    self.settings.topic, partitions, starts, self.settings.fetch.max_records_per_partition
+                )
+                self._partitions = partitions
+                fetched = fetch_ranges(self.spark, self._client_config_factory, ranges, self.settings.fetch)
+                # Materialize once: both tables and the end offsets must come from the same records.
+                return fetched.localCheckpoint(eager=True)
+            except Exception as exc:  # noqa: BLE001 - Py4J wraps executor errors; classify by text
+                if not isinstance(exc, BrokerUnavailable) and "BrokerUnavailable" not in str(exc):
+                    raise
+                reason = str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__
+                log.warning(
+                    "Kafka broker %s unavailable (%s); retrying in %.0fs, nothing committed",
+                    self.config.kafka.bootstrap,
+                    reason,
+                    delay,
+                )
+                self.stop.wait(delay)
+                delay = min(delay * 2, self.settings.max_backoff_seconds)
+        return None
+
+    def _commit(self, fetched: DataFrame, result: BatchResult) -> None:
+        fact_starts, reject_starts, _ = self._starts(self._partitions)
+        new_fact = {**self.fact_offsets, **result.end_offsets}
+        new_rejects = {**self.reject_offsets, **result.end_offsets}
+        ingested_at = F.current_timestamp()
+        products = read_products(self.spark, self.settings.products_table)
+        fact_rows = to_click_events(
+            valid_click_events(fetched).where(offsets_at_or_after(fact_starts)), products, ingested_at
+        )
+        reject_rows = to_rejects(
+            rejected_records(fetched).where(offsets_at_or_after(reject_starts)), ingested_at
+        )
+        began = time.monotonic()
+        self._append(self.settings.fact_table, fact_rows, new_fact)
+        self.fact_offsets = new_fact
+        self._append(self.settings.rejects_table, reject_rows, new_rejects)
+        self.reject_offsets = new_rejects
+        result.commit_ms = (time.monotonic() - began) * 1000
+
+    def _append(self, table: str, rows: DataFrame, offsets: Offsets) -> None:
+        summary = {OFFSETS_KEY: offsets_summary(self.settings.topic, offsets)}
+
+        @retry_commit()
+        def append() -> None:
+            rows.writeTo(table).options(**writer_options(summary)).append()
+
+        append()
+
+    def _log_batch(self, r: BatchResult) -> None:
+        lag = "n/a" if r.lag_seconds is None else f"{r.lag_seconds:.1f}"
+        log.info(
+            "batch %d: records=%d valid=%d rejects=%d offsets=%s commit_ms=%.0f lag_s=%s",
+            self.batches,
+            r.records,
+            r.valid,
+            r.rejects,
+            json.dumps({str(p): o for p, o in sorted(r.end_offsets.items())}),
+            r.commit_ms,
+            lag,
+        )
+
+
+# ---- entry point ---------------------------------------------------------------------------------------
+
+
+def job_spark_conf() -> dict[str, str]:
+    # Materialized batches are released by the context cleaner; run it often in a long job.
+    return {"spark.cleaner.periodicGC.interval": "2min", "spark.ui.showConsoleProgress": "false"}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="lakehouse run ingest",
+        description="Exactly-once ingest of ClickEvents from Kafka into Iceberg (fact + rejects).",
+    )
+    add_environment_args(parser)
+    add_run_mode_args(parser, default_trigger=1.0)
+    group = parser.add_argument_group("ingest")
+    group.add_argument("--topic", help="Kafka topic (default from config: clicktopic)")
+    group.add_argument("--fact-table", help="default lakehouse.ods_behavior.clickevent")
+    group.add_argument("--rejects-table", help="default lakehouse.ods_behavior.clickevent_rejects")
+    group.add_argument("--products-table", help="default lakehouse.dim_db.products")
+    group.add_argument(
+        "--max-records-per-partition",
+        type=int,
+        default=FetchSettings.max_records_per_partition,
+        help="cap per partition per micro-batch",
+    )
+    group.add_argument("--log-level", default="INFO")
+    return parser.parse_args(argv)
+
+
+def settings_from_args(args: argparse.Namespace, config: LakehouseConfig) -> IngestSettings:
+    return IngestSettings(
+        topic=args.topic or config.kafka.topic,
+        fact_table=args.fact_table or config.table(*FACT_TABLE),
+        rejects_table=args.rejects_table or config.table(*REJECTS_TABLE),
+        products_table=args.products_table or config.table(*PRODUCTS_TABLE),
+        fetch=FetchSettings(max_records_per_partition=args.max_records_per_partition),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    config = config_from_args(args)
+    settings = settings_from_args(args, config)
+    stop = StopRequest().install()
+    spark = build_spark(config, "clickstream_ingest", job_spark_conf())
+    ingest = ClickstreamIngest(spark, config, settings, stop)
+    ingest.prepare()
+    total = run_batches(ingest.run_batch, RunMode.from_args(args), stop)
+    log.info("stopped after %d batches, %d records", ingest.batches, total)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
