@@ -2,7 +2,8 @@
 
 The seeding function needs PyMySQL, a pure-Python package that is already installed in the synth
 environment (it is a project dependency). Local bundling copies the handler directory and the
-installed `pymysql` package into the asset; Docker is never needed (there is none on CI).
+installed `pymysql` package into the asset; Docker is never needed (there is none on CI). Single
+modules shared with the rest of the project (the seed data) are copied next to the handler.
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ def _installed_package_dir(package: str) -> Path:
 
 @jsii.implements(ILocalBundling)
 class CopyPurePythonPackages:
-    """Copy a handler directory plus installed pure-Python packages into the asset directory."""
+    """Copy a handler directory, shared module files and installed pure-Python packages."""
 
-    def __init__(self, source_dir: Path, packages: tuple[str, ...]) -> None:
+    def __init__(self, source_dir: Path, packages: tuple[str, ...], files: tuple[Path, ...]) -> None:
         self._source_dir = source_dir
         self._packages = packages
+        self._files = files
 
     def try_bundle(self, output_dir: str, *args, **kwargs) -> bool:  # noqa: ARG002 - jsii API
         out = Path(output_dir)
@@ -48,13 +50,17 @@ class CopyPurePythonPackages:
                 dirs_exist_ok=True,
                 ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
             )
+        for file in self._files:
+            shutil.copy2(file, out / file.name)
         return True
 
 
-def python_function_code(handler_dir: str, packages: tuple[str, ...] = ()) -> lambda_.Code:
-    """Asset code of `infra/lambdas/<handler_dir>`, with `packages` vendored when given."""
+def python_function_code(
+    handler_dir: str, packages: tuple[str, ...] = (), files: tuple[Path, ...] = ()
+) -> lambda_.Code:
+    """Asset code of `infra/lambdas/<handler_dir>`, with `packages` and `files` added when given."""
     source = LAMBDAS_DIR / handler_dir
-    if not packages:
+    if not packages and not files:
         return lambda_.Code.from_asset(str(source), exclude=["__pycache__"])
     return lambda_.Code.from_asset(
         str(source),
@@ -62,6 +68,6 @@ def python_function_code(handler_dir: str, packages: tuple[str, ...] = ()) -> la
         bundling=BundlingOptions(
             # Only used if local bundling declined, which it never does.
             image=DockerImage.from_registry("public.ecr.aws/sam/build-python3.13"),
-            local=CopyPurePythonPackages(source, packages),
+            local=CopyPurePythonPackages(source, packages, files),
         ),
     )

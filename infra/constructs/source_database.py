@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from aws_cdk import CustomResource, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -15,6 +17,7 @@ from constructs import Construct
 from infra.bundling import python_function_code
 from infra.config import SourceDatabaseSettings
 from infra.nag import acknowledge, acknowledge_custom_resource_function
+from lakehouse import seed_data
 from lakehouse.config import SOURCE_DATABASE
 
 # Supported, non-deprecated MySQL 8.0 minor available in aws-cdk-lib 2.275.0.
@@ -192,7 +195,9 @@ class SourceDatabase(Construct):
             description=f"Seeds {SOURCE_DATABASE} and creates the CDC user",
             runtime=lambda_.Runtime.PYTHON_3_14,
             handler="handler.on_event",
-            code=python_function_code("seed_source_db", packages=("pymysql",)),
+            code=python_function_code(
+                "seed_source_db", packages=("pymysql",), files=(Path(seed_data.__file__),)
+            ),
             timeout=Duration.minutes(2),
             vpc=vpc,
             vpc_subnets=subnets,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pymysql
 
+from lakehouse import seed_data
 from lakehouse.config import SOURCE_DATABASE
 from lakehouse.local.process import ManagedProcess, StackError
 from lakehouse.local.settings import StackSettings
@@ -17,50 +18,10 @@ from lakehouse.local.settings import StackSettings
 APP_USER = "lakehouse_app"
 CDC_USER = "lakehouse_cdc"
 
-# The customer's source tables; column names are kept as they are in the source article.
-SEED_TABLES = {
-    "products": """
-        CREATE TABLE products (
-          productId VARCHAR(10) PRIMARY KEY,
-          name VARCHAR(255) NOT NULL,
-          description VARCHAR(512),
-          product_price DECIMAL(10,4),
-          update_time TIMESTAMP DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP
-        )""",
-    "user_member": """
-        CREATE TABLE user_member (
-          userid VARCHAR(10) PRIMARY KEY,
-          name VARCHAR(255) NOT NULL,
-          show_params VARCHAR(256),
-          memberLevel INT,
-          update_time TIMESTAMP DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP
-        )""",
-}
-SEED_ROWS = {
-    "products": (
-        "INSERT INTO products (productId, name, description, product_price) VALUES (%s,%s,%s,%s)",
-        [
-            ("1", "test01", "Small 2-wheel scooter", 11.11),
-            ("2", "test02", "12V car battery", 11.11),
-            ("3", "test03", "12-pack of drill bits with sizes ranging from #40 to #3", 11.11),
-            ("4", "test04", "12oz carpenter's hammer", 11.11),
-            ("5", "test05", "14oz carpenter's hammer", 11.11),
-            ("6", "test06", "16oz carpenter's hammer", 11.11),
-            ("7", "test07", "box of assorted rocks", 11.11),
-            ("8", "test08", "water resistent black wind breaker", 11.11),
-            ("9", "test09", "24 inch spare tire", 11.11),
-        ],
-    ),
-    "user_member": (
-        "INSERT INTO user_member (userid, name, show_params, memberLevel) VALUES (%s,%s,%s,%s)",
-        [
-            ("513248", "test01", "label01", 1),
-            ("10952", "test02", "label02", 2),
-            ("555655", "test03", "label03", 3),
-            ("795098", "test04", "label04", 4),
-            ("603670", "test05", "label05", 5),
-        ],
-    ),
+# The seed is shared with the RDS seeding Lambda (lakehouse/seed_data.py).
+SEED = {
+    "products": (seed_data.PRODUCTS_DDL, seed_data.INSERT_PRODUCT, seed_data.PRODUCT_ROWS),
+    "user_member": (seed_data.USER_MEMBER_DDL, seed_data.INSERT_USER_MEMBER, seed_data.USER_MEMBER_ROWS),
 }
 
 
@@ -192,11 +153,10 @@ class MariaDb:
             with conn.cursor() as cur:
                 cur.execute("SHOW TABLES")
                 existing = {row[0] for row in cur.fetchall()}
-                for table, ddl in SEED_TABLES.items():
+                for table, (ddl, insert, rows) in SEED.items():
                     if table in existing:
                         continue
                     cur.execute(ddl)
-                    insert, rows = SEED_ROWS[table]
                     cur.executemany(insert, rows)
             conn.commit()
         finally:

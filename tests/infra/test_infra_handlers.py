@@ -9,13 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from lakehouse import seed_data
+
 LAMBDAS = Path(__file__).resolve().parents[2] / "infra" / "lambdas"
 
 
 def _load(handler_dir: str):
-    """Import a handler the way Lambda does (its directory on sys.path)."""
+    """Import a handler the way Lambda does: its directory, and the shared modules the bundle
+    copies next to it (lakehouse/seed_data.py), on sys.path."""
     directory = str(LAMBDAS / handler_dir)
-    sys.path.insert(0, directory)
+    shared = str(Path(seed_data.__file__).parent)
+    sys.path[:0] = [directory, shared]
     try:
         spec = importlib.util.spec_from_file_location(
             f"{handler_dir}_handler", LAMBDAS / handler_dir / "handler.py"
@@ -25,6 +29,7 @@ def _load(handler_dir: str):
         return module
     finally:
         sys.path.remove(directory)
+        sys.path.remove(shared)
 
 
 @pytest.fixture(scope="module")
