@@ -1,6 +1,8 @@
 """Seed schema and rows of the source database (`user_db`), as in the customer's source article.
 
 Column names are part of the contract with the CDC job: keep them exactly as they are.
+The local stack (lakehouse/local/mariadb.py) and the RDS seeding Lambda (bundled next to its handler
+by infra/bundling.py) both seed from this module, so it must stay plain constants with no imports.
 """
 
 PRODUCTS_DDL = """
