@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""CDK entry point: `cdk synth|deploy|destroy -c env=dev|prod` (default dev). See README "Deploy and destroy"."""
+"""CDK entry point: `cdk synth|deploy|destroy -c env=dev|prod` (default dev).
+
+See README "Deploy and destroy".
+"""
 
 import sys
 

@@ -9,40 +9,14 @@ BENCH_FRESHNESS_SECONDS (30).
 from __future__ import annotations
 
 import os
-import socket
-import statistics
-import tempfile
 import threading
 import time
-from pathlib import Path
+
+from bench.private_stack import percentiles, private_stack, row
 
 TARGET_THROUGHPUT = 100_000
 TARGET_RATIO = 0.3
 TARGET_P95_SECONDS = 3.0
-
-
-def _free_port_base(start: int, span: int) -> int:
-    for base in range(start, start + 5000, 100):
-        if all(socket.socket().connect_ex(("127.0.0.1", p)) != 0 for p in range(base, base + span)):
-            return base
-    raise RuntimeError("no free ports for the bench stack")
-
-
-def _start_stack(home: Path):
-    os.environ.update(
-        {
-            "LAKEHOUSE_HOME": str(home),
-            "LAKEHOUSE_MYSQL_PORT": str(_free_port_base(15306, 1)),
-            "LAKEHOUSE_KAFKA_PORT": str(_free_port_base(25092, 1)),
-            "LAKEHOUSE_S3_PORT": str(_free_port_base(26333, 7)),
-        }
-    )
-    from lakehouse.local.settings import StackSettings
-    from lakehouse.local.stack import LocalStack
-
-    stack = LocalStack(StackSettings.resolve(home))
-    stack.up()
-    return stack
 
 
 def _create_topic(bootstrap: str, topic: str) -> None:
@@ -167,16 +141,14 @@ def run() -> list[dict]:
     backlog = int(os.environ.get("BENCH_BACKLOG", "1000000"))
     rate = float(os.environ.get("BENCH_RATE", "5000"))
     fresh_seconds = float(os.environ.get("BENCH_FRESHNESS_SECONDS", "30"))
-    home = Path(tempfile.mkdtemp(prefix="lakehouse-bench-"))
-    stack = _start_stack(home)
-    try:
+    with private_stack("clickstream") as stack:
         from jobs.clickstream_ingest import job_spark_conf
         from jobs.spark_session import build_spark
         from lakehouse.config import LakehouseConfig
         from lakehouse.gendata import generate_records, produce, producer_config
         from lakehouse.local.catalog import pyiceberg_catalog
 
-        config = LakehouseConfig.local(home)
+        config = LakehouseConfig.local(stack.settings.home)
         topic = "bench_backlog"
         _create_topic(config.kafka.bootstrap, topic)
         summary = produce(producer_config(config), topic, generate_records(backlog, seed=1), backlog)
@@ -184,42 +156,29 @@ def run() -> list[dict]:
         spark = build_spark(config, "clickstream-bench", job_spark_conf())
         throughput, batches = backlog_throughput(spark, config, topic, backlog)
         catalog = pyiceberg_catalog(stack.settings.catalog_path, stack.settings.warehouse)
-        latencies = sorted(freshness(spark, config, catalog, rate, fresh_seconds))
+        latencies = freshness(spark, config, catalog, rate, fresh_seconds)
         spark.stop()
-    finally:
-        stack.down(purge=True)
-    p50 = statistics.median(latencies) if latencies else float("nan")
-    p95 = latencies[int(0.95 * (len(latencies) - 1))] if latencies else float("nan")
+    p50, p95 = percentiles(latencies)
     return [
-        {
-            "metric": "produce rate (gendata, setup)",
-            "target": "-",
-            "measured": f"{summary.rate:,.0f} ev/s",
-            "met": "-",
-        },
-        {"metric": "raw consume rate (ceiling)", "target": "-", "measured": f"{raw:,.0f} ev/s", "met": "-"},
-        {
-            "metric": f"ingest throughput, {backlog:,} backlog ({batches} batches)",
-            "target": f">= {TARGET_THROUGHPUT:,} ev/s",
-            "measured": f"{throughput:,.0f} ev/s",
-            "met": throughput >= TARGET_THROUGHPUT,
-        },
-        {
-            "metric": "ingest / raw consume",
-            "target": f">= {TARGET_RATIO}x",
-            "measured": f"{throughput / raw:.2f}x",
-            "met": throughput / raw >= TARGET_RATIO,
-        },
-        {
-            "metric": f"freshness p50 at {rate:,.0f} ev/s ({len(latencies):,} events)",
-            "target": "-",
-            "measured": f"{p50:.2f} s",
-            "met": "-",
-        },
-        {
-            "metric": f"freshness p95 at {rate:,.0f} ev/s",
-            "target": f"<= {TARGET_P95_SECONDS} s",
-            "measured": f"{p95:.2f} s",
-            "met": p95 <= TARGET_P95_SECONDS,
-        },
+        row("produce rate (gendata, setup)", f"{summary.rate:,.0f} ev/s"),
+        row("raw consume rate (ceiling)", f"{raw:,.0f} ev/s"),
+        row(
+            f"ingest throughput, {backlog:,} backlog ({batches} batches)",
+            f"{throughput:,.0f} ev/s",
+            f">= {TARGET_THROUGHPUT:,} ev/s",
+            throughput >= TARGET_THROUGHPUT,
+        ),
+        row(
+            "ingest / raw consume",
+            f"{throughput / raw:.2f}x",
+            f">= {TARGET_RATIO}x",
+            throughput / raw >= TARGET_RATIO,
+        ),
+        row(f"freshness p50 at {rate:,.0f} ev/s ({len(latencies):,} events)", f"{p50:.2f} s"),
+        row(
+            f"freshness p95 at {rate:,.0f} ev/s",
+            f"{p95:.2f} s",
+            f"<= {TARGET_P95_SECONDS} s",
+            p95 <= TARGET_P95_SECONDS,
+        ),
     ]

@@ -52,7 +52,7 @@ from jobs.clickstream.validation import (
 from jobs.common.job_args import add_environment_args, config_from_args
 from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
 from jobs.common.snapshot_progress import read_progress, retry_commit, writer_options
-from jobs.spark_session import build_spark
+from jobs.spark_session import build_spark, stop_spark
 from lakehouse.config import KafkaConfig, LakehouseConfig
 
 log = logging.getLogger("clickstream_ingest")
@@ -291,10 +291,13 @@ def main(argv: list[str] | None = None) -> int:
     settings = settings_from_args(args, config)
     stop = StopRequest().install()
     spark = build_spark(config, "clickstream_ingest", job_spark_conf())
-    ingest = ClickstreamIngest(spark, config, settings, stop)
-    ingest.prepare()
-    total = run_batches(ingest.run_batch, RunMode.from_args(args), stop)
-    log.info("stopped after %d batches, %d records", ingest.batches, total)
+    try:
+        ingest = ClickstreamIngest(spark, config, settings, stop)
+        ingest.prepare()
+        total = run_batches(ingest.run_batch, RunMode.from_args(args), stop)
+        log.info("stopped after %d batches, %d records", ingest.batches, total)
+    finally:
+        stop_spark(spark)
     return 0
 
 

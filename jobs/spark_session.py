@@ -95,3 +95,12 @@ def build_spark(config: LakehouseConfig, app_name: str, extra_conf: Mapping[str,
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def stop_spark(spark) -> None:
+    """Stop Spark and py4j's callback server (started for commit properties on SQL writes): its
+    threads would otherwise keep the process alive after main returns."""
+    gateway = spark.sparkContext._gateway
+    if gateway is not None and gateway._callback_server is not None:
+        gateway.shutdown_callback_server()
+    spark.stop()

@@ -142,10 +142,17 @@ PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_
 
 
 @main.command(context_settings=PASS_THROUGH)
-@click.argument("job", type=click.Choice(sorted(JOBS)))
+@click.argument("job", required=False)
 @click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
-def run(job: str, job_args: tuple[str, ...]) -> None:
-    """Run a pipeline JOB; `lakehouse run JOB --help` lists its options."""
+@click.pass_context
+def run(ctx: click.Context, job: str | None, job_args: tuple[str, ...]) -> None:
+    """Run a pipeline JOB (ingest, cdc, views, report, maintain); `lakehouse run JOB --help` lists
+    its options."""
+    if job in (None, "--help", "-h"):
+        click.echo(ctx.get_help())
+        return
+    if job not in JOBS:
+        raise click.BadParameter(f"{job!r} is not one of {', '.join(sorted(JOBS))}", param_hint="JOB")
     module = importlib.import_module(JOBS[job])
     sys.exit(module.main(list(job_args)) or 0)
 

@@ -1,0 +1,1 @@
+"""MySQL/MariaDB binlog CDC into Iceberg dimension tables; `jobs.cdc_sync` wires these modules."""

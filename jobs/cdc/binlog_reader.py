@@ -1,0 +1,255 @@
+"""Thin I/O over python-mysql-replication: a background reader that queues whole transactions.
+
+The reader resumes from a stored (file, position) with `resume_stream=True`, keeps only ROW events of
+the configured tables, and hands the job complete transactions (never half of one), each tagged with
+the binlog position just after its commit. DDL on a configured table is queued in binlog order too.
+On a lost connection (server restart, network) it reconnects with backoff from the end of the last
+complete transaction it queued; a partially read transaction is dropped and read again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+
+import pymysql
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.event import (
+    FormatDescriptionEvent,
+    GtidEvent,
+    MariadbBinLogCheckPointEvent,
+    MariadbGtidEvent,
+    MariadbGtidListEvent,
+    QueryEvent,
+    RotateEvent,
+    StopEvent,
+    XidEvent,
+)
+from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
+
+from jobs.cdc.change_batch import RowChange, row_changes
+from jobs.cdc.ddl import DdlChange, classify
+
+log = logging.getLogger(__name__)
+
+_ROW_KIND = {WriteRowsEvent: "insert", UpdateRowsEvent: "update", DeleteRowsEvent: "delete"}
+BINLOG_GONE_CODE = 1236  # ER_MASTER_FATAL_ERROR_READING_BINLOG: file purged / position invalid
+
+
+@dataclass(frozen=True)
+class BinlogPosition:
+    file: str
+    pos: int
+    gtid: str = field(default="", compare=False)
+
+    @property
+    def order(self) -> tuple[str, int]:
+        # Binlog file names share a prefix and a zero-padded sequence number: they sort as text.
+        return (self.file, self.pos)
+
+    def to_json(self) -> str:
+        return json.dumps({"file": self.file, "pos": self.pos, "gtid": self.gtid}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> BinlogPosition:
+        data = json.loads(text)
+        return cls(data["file"], int(data["pos"]), data.get("gtid", ""))
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.pos}" + (f" gtid={self.gtid}" if self.gtid else "")
+
+
+@dataclass
+class Transaction:
+    """One committed source transaction: row changes per source table, in binlog order."""
+
+    changes: dict[tuple[str, str], list[RowChange]]
+    end: BinlogPosition
+    timestamp: int  # server commit time (epoch seconds)
+
+
+@dataclass(frozen=True)
+class DdlEvent:
+    change: DdlChange
+    tables: tuple[tuple[str, str], ...]  # the configured source tables it touches
+    end: BinlogPosition
+    timestamp: int
+
+
+class BinlogGone(RuntimeError):
+    """The stored position is no longer in the server's binlog (purged)."""
+
+
+class BinlogReader:
+    def __init__(
+        self,
+        connection_settings: dict,
+        server_id: int,
+        start: BinlogPosition,
+        tables: dict[tuple[str, str], tuple[str, ...]],
+        *,
+        is_mariadb: bool = True,
+        max_queued: int = 20_000,
+        max_backoff: float = 10.0,
+    ) -> None:
+        self._settings = connection_settings
+        self._server_id = server_id
+        self._tables = dict(tables)
+        self._is_mariadb = is_mariadb
+        self._max_backoff = max_backoff
+        self.items: queue.Queue[Transaction | DdlEvent] = queue.Queue(maxsize=max_queued)
+        self.position = start  # end of the last complete transaction read (and queued)
+        self.reconnects = 0
+        self.fatal: BaseException | None = None
+        self._stop = threading.Event()
+        self._stream: BinLogStreamReader | None = None
+        self._thread = threading.Thread(target=self._run, name="binlog-reader", daemon=True)
+
+    def start(self) -> BinlogReader:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        stream = self._stream
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception:  # noqa: BLE001 - closing a dead socket may fail; we are leaving
+                pass
+        self._thread.join(timeout=5)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ---- the reading thread -------------------------------------------------------------------
+
+    def _open(self) -> BinLogStreamReader:
+        schemas = sorted({s for s, _ in self._tables})
+        names = sorted({t for _, t in self._tables})
+        return BinLogStreamReader(
+            connection_settings=self._settings,
+            server_id=self._server_id,
+            resume_stream=True,  # without it the position is ignored
+            log_file=self.position.file,
+            log_pos=self.position.pos,
+            blocking=True,
+            is_mariadb=self._is_mariadb,
+            only_events=[
+                WriteRowsEvent,
+                UpdateRowsEvent,
+                DeleteRowsEvent,
+                TableMapEvent,
+                QueryEvent,
+                XidEvent,
+                RotateEvent,
+                FormatDescriptionEvent,
+                MariadbGtidEvent,
+                GtidEvent,
+                MariadbGtidListEvent,
+                MariadbBinLogCheckPointEvent,
+                StopEvent,
+            ],
+            enable_logging=False,  # it would log the connection parameters
+            only_schemas=schemas,
+            only_tables=names,
+            slave_heartbeat=5,
+        )
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                self._stream = self._open()
+                self._read(self._stream)
+            except Exception as exc:  # noqa: BLE001 - classified below
+                if self._stop.is_set():
+                    break
+                if isinstance(exc, pymysql.err.OperationalError) and exc.args[0] == BINLOG_GONE_CODE:
+                    self.fatal = BinlogGone(str(exc.args[1] if len(exc.args) > 1 else exc))
+                    break
+                self.reconnects += 1
+                log.warning(
+                    "binlog connection lost (%s: %s); reconnecting in %.1fs from %s",
+                    type(exc).__name__,
+                    exc,
+                    backoff,
+                    self.position,
+                )
+                self._stop.wait(backoff)
+                backoff = min(self._max_backoff, backoff * 2)
+            else:
+                backoff = 0.5
+            finally:
+                if self._stream is not None:
+                    try:
+                        self._stream.close()
+                    except Exception:  # noqa: BLE001
+                        pass
+                    self._stream = None
+
+    def _put(self, item: Transaction | DdlEvent) -> None:
+        while not self._stop.is_set():
+            try:
+                self.items.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def _read(self, stream: BinLogStreamReader) -> None:
+        pending: dict[tuple[str, str], list[RowChange]] = {}
+        gtid = self.position.gtid
+        in_transaction = False
+        for event in stream:
+            if self._stop.is_set():
+                return
+            kind = _ROW_KIND.get(type(event))
+            if kind is not None:
+                key = self._tables.get((event.schema, event.table))
+                if key is not None:
+                    pending.setdefault((event.schema, event.table), []).extend(
+                        row_changes(kind, event.rows, key)
+                    )
+                continue
+            if isinstance(event, (MariadbGtidEvent, GtidEvent)):
+                gtid = event.gtid
+                in_transaction = True
+                continue
+            if isinstance(event, XidEvent):
+                self._commit(pending, BinlogPosition(stream.log_file, stream.log_pos, gtid), event.timestamp)
+                pending, in_transaction = {}, False
+            elif isinstance(event, QueryEvent):
+                query = event.query.strip()
+                upper = query.upper()
+                if upper in ("BEGIN", "XA START"):
+                    in_transaction = True
+                    continue
+                end = BinlogPosition(stream.log_file, stream.log_pos, gtid)
+                in_transaction = False
+                if upper == "COMMIT":  # non-transactional engines end with a COMMIT query
+                    self._commit(pending, end, event.timestamp)
+                    pending = {}
+                    continue
+                ddl = classify(query)
+                if ddl is not None:
+                    touched = self._touched(ddl, event.schema)
+                    if touched:
+                        self._put(DdlEvent(ddl, touched, end, event.timestamp))
+                self.position = end
+            elif not in_transaction and not pending and stream.log_pos >= 4:
+                # Between transactions (rotate, format description, GTID list, checkpoint): this is
+                # a safe place to resume from, and it lets "caught up" see the end of a new file.
+                self.position = BinlogPosition(stream.log_file, stream.log_pos, gtid)
+
+    def _commit(self, pending: dict, end: BinlogPosition, timestamp: int) -> None:
+        if pending:
+            self._put(Transaction(pending, end, timestamp))
+        self.position = end
+
+    def _touched(self, ddl: DdlChange, default_schema: bytes | str) -> tuple[tuple[str, str], ...]:
+        schema = default_schema.decode() if isinstance(default_schema, bytes) else default_schema
+        return tuple(t for t in ((s or schema, n) for s, n in ddl.tables) if t in self._tables)

@@ -1,0 +1,119 @@
+"""Classify DDL statements from the binlog: which synced table they touch and whether we can follow.
+
+Only `ALTER TABLE ... ADD [COLUMN]` is followed (the column is added to the Iceberg table). Every
+other change to a synced table's shape (drop, rename, type change, truncate) stops that table.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from jobs.cdc.schema_mapping import SourceColumn
+
+_IDENT = r"`(?:[^`]|``)+`|[A-Za-z0-9_$]+"
+_NAME = rf"(?:({_IDENT})\s*\.\s*)?({_IDENT})"
+_COMMENTS = re.compile(r"/\*.*?\*/|--[^\n]*|#[^\n]*", re.S)
+_ALTER = re.compile(
+    rf"^ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE\s+(?:IF\s+EXISTS\s+)?{_NAME}\s*(.*)$", re.I | re.S
+)
+_OTHER = [
+    re.compile(r"^(DROP)\s+(?:TEMPORARY\s+)?TABLE\s+(?:IF\s+EXISTS\s+)?(.*)$", re.I | re.S),
+    re.compile(r"^(RENAME)\s+TABLES?\s+(.*)$", re.I | re.S),
+    re.compile(rf"^(TRUNCATE)\s+(?:TABLE\s+)?{_NAME}", re.I | re.S),
+]
+# ALTER clauses that do not change the rows we copy.
+_HARMLESS = re.compile(
+    r"^(ADD\s+(INDEX|KEY|FULLTEXT|SPATIAL|UNIQUE|CONSTRAINT|FOREIGN|PRIMARY|CHECK)\b"
+    r"|DROP\s+(INDEX|KEY|FOREIGN|CONSTRAINT|CHECK)\b"
+    r"|ALTER\s+(COLUMN\s+)?\S+\s+(SET|DROP)\s+DEFAULT\b"
+    r"|ENGINE\b|COMMENT\b|AUTO_INCREMENT\b|ALGORITHM\b|LOCK\b|ROW_FORMAT\b|FORCE\b)",
+    re.I,
+)
+_ADD_COLUMN = re.compile(
+    rf"^ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?({_IDENT})\s+(\w+(?:\s*\([^)]*\))?(?:\s+UNSIGNED)?)(.*)$",
+    re.I | re.S,
+)
+
+
+def _unquote(ident: str | None) -> str | None:
+    if ident is None:
+        return None
+    return ident[1:-1].replace("``", "`") if ident.startswith("`") else ident
+
+
+def split_top_level(text: str) -> list[str]:
+    """Split on commas outside parentheses and quotes."""
+    parts, depth, quote, current = [], 0, "", []
+    for ch in text:
+        if quote:
+            current.append(ch)
+            if ch == quote:
+                quote = ""
+            continue
+        if ch in "'\"`":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+            continue
+        current.append(ch)
+    if "".join(current).strip():
+        parts.append("".join(current).strip())
+    return parts
+
+
+@dataclass(frozen=True)
+class DdlChange:
+    """What a DDL statement means for the synced tables (schema, table) it names."""
+
+    statement: str
+    tables: tuple[tuple[str | None, str], ...]
+    added_columns: tuple[SourceColumn, ...] = ()
+    unsupported: bool = False
+    reason: str = field(default="")
+
+
+def classify(statement: str) -> DdlChange | None:
+    """None for statements that change no table (BEGIN, CREATE TABLE, GRANT, ...)."""
+    text = _COMMENTS.sub(" ", statement).strip().rstrip(";").strip()
+    match = _ALTER.match(text)
+    if match:
+        table = (_unquote(match.group(1)), _unquote(match.group(2)))
+        added, problems = [], []
+        for clause in split_top_level(match.group(3)):
+            if not clause or _HARMLESS.match(clause):
+                continue
+            add = _ADD_COLUMN.match(clause)
+            if add and not re.match(r"^ADD\s+(COLUMN\s+)?\(", clause, re.I):
+                not_null = re.search(r"\bNOT\s+NULL\b", add.group(3), re.I) is not None
+                added.append(SourceColumn(_unquote(add.group(1)), add.group(2), nullable=not not_null))
+            else:
+                problems.append(clause)
+        if problems:
+            return DdlChange(statement, (table,), unsupported=True, reason="; ".join(problems))
+        return DdlChange(statement, (table,), added_columns=tuple(added)) if added else None
+    for pattern in _OTHER:
+        match = pattern.match(text)
+        if not match:
+            continue
+        verb = match.group(1).upper()
+        if verb == "TRUNCATE":
+            tables = ((_unquote(match.group(2)), _unquote(match.group(3))),)
+        else:
+            tables = tuple(_names_in(match.group(2)))
+        return DdlChange(statement, tables, unsupported=True, reason=verb)
+    return None
+
+
+def _names_in(text: str) -> list[tuple[str | None, str]]:
+    names = []
+    for part in re.split(r",|\bTO\b", text, flags=re.I):
+        match = re.match(rf"\s*{_NAME}", part)
+        if match:
+            names.append((_unquote(match.group(1)), _unquote(match.group(2))))
+    return names

@@ -1,0 +1,126 @@
+"""MySQL column types -> Iceberg (Spark SQL) types, and binlog/driver values -> Spark values.
+
+Faithful, not lossy: DECIMAL(p,s) stays decimal(p,s), TIMESTAMP/DATETIME -> timestamp, INT -> int,
+BIGINT -> bigint, unsigned types widen so every source value fits.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+
+from pyspark.sql import types as T
+
+_INT_TYPES = {"tinyint", "smallint", "mediumint", "int", "integer"}
+_STRING_TYPES = {
+    "char",
+    "varchar",
+    "tinytext",
+    "text",
+    "mediumtext",
+    "longtext",
+    "enum",
+    "set",
+    "json",
+    "time",
+}
+_BINARY_TYPES = {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "bit"}
+
+
+class UnsupportedType(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SourceColumn:
+    name: str
+    column_type: str  # MySQL COLUMN_TYPE, e.g. "decimal(10,4)", "int(10) unsigned", "varchar(10)"
+    nullable: bool = True
+
+    @property
+    def spark_type(self) -> str:
+        return iceberg_type(self.column_type)
+
+
+def iceberg_type(column_type: str) -> str:
+    """Spark SQL type (as created in Iceberg) for a MySQL COLUMN_TYPE string."""
+    text = column_type.strip().lower()
+    match = re.match(r"([a-z]+)\s*(?:\(([^)]*)\))?\s*(.*)", text)
+    if not match:
+        raise UnsupportedType(f"cannot parse MySQL type {column_type!r}")
+    base, args, rest = match.group(1), match.group(2), match.group(3)
+    unsigned = "unsigned" in rest
+    if base in ("decimal", "numeric", "dec", "fixed"):
+        parts = [int(p) for p in (args or "10,0").split(",")]
+        precision, scale = parts[0], parts[1] if len(parts) > 1 else 0
+        if precision > 38:
+            raise UnsupportedType(f"{column_type}: Iceberg decimals hold at most 38 digits")
+        return f"decimal({precision},{scale})"
+    if base in _INT_TYPES:
+        return "bigint" if unsigned and base in ("int", "integer") else "int"
+    if base == "bigint":
+        return "decimal(20,0)" if unsigned else "bigint"
+    if base in ("bool", "boolean"):
+        return "boolean"
+    if base == "float":
+        return "float"
+    if base in ("double", "real"):
+        return "double"
+    if base in ("timestamp", "datetime"):
+        return "timestamp"
+    if base == "date":
+        return "date"
+    if base == "year":
+        return "int"
+    if base in _STRING_TYPES:
+        return "string"
+    if base in _BINARY_TYPES:
+        return "binary"
+    raise UnsupportedType(f"MySQL type {column_type!r} has no Iceberg mapping")
+
+
+def spark_schema(columns: list[tuple[str, str]]) -> T.StructType:
+    """StructType from (name, spark SQL type) pairs."""
+    return T.StructType([T.StructField(name, T._parse_datatype_string(kind), True) for name, kind in columns])
+
+
+def to_spark_value(value: object, spark_type: str) -> object:
+    """A PyMySQL/binlog value as the Python object Spark expects for `spark_type`."""
+    if value is None:
+        return None
+    if spark_type == "timestamp":
+        if isinstance(value, dt.datetime):
+            # The server runs in UTC; naive values are UTC wall time. Aware -> exact instant in Spark.
+            return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value
+        return None
+    if spark_type == "string":
+        if isinstance(value, str):
+            return value
+        if isinstance(value, bytes):
+            return value.decode("utf-8", errors="replace")
+        if isinstance(value, (set, frozenset)):
+            return ",".join(sorted(value))
+        if isinstance(value, (dict, list)):
+            return json.dumps(value, default=str)
+        if isinstance(value, dt.timedelta):
+            total = int(value.total_seconds())
+            sign = "-" if total < 0 else ""
+            total = abs(total)
+            return f"{sign}{total // 3600:02d}:{total % 3600 // 60:02d}:{total % 60:02d}"
+        return str(value)
+    if spark_type.startswith("decimal"):
+        return value if isinstance(value, Decimal) else Decimal(str(value))
+    if spark_type in ("int", "bigint"):
+        return int(value)
+    if spark_type in ("float", "double"):
+        return float(value)
+    if spark_type == "boolean":
+        return bool(value)
+    if spark_type == "binary":
+        if isinstance(value, int):  # BIT(n)
+            return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
+        return bytes(value) if not isinstance(value, str) else value.encode()
+    return value

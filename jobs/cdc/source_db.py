@@ -1,0 +1,130 @@
+"""Thin I/O over the source MySQL/MariaDB: credentials, table shape, binlog position, table reads."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pymysql
+
+from jobs.cdc.schema_mapping import SourceColumn
+from lakehouse.config import ConfigError, LakehouseConfig
+
+
+@dataclass(frozen=True)
+class Credentials:
+    user: str
+    password: str
+
+    def __repr__(self) -> str:  # never in logs
+        return f"Credentials(user={self.user!r})"
+
+
+@dataclass(frozen=True)
+class SourceTable:
+    schema: str
+    name: str
+    columns: tuple[SourceColumn, ...]
+    key: tuple[str, ...]
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+def cdc_credentials(config: LakehouseConfig) -> Credentials:
+    """The CDC user: from the local state file, or the Secrets Manager secret named in config."""
+    mysql = config.mysql
+    if mysql.cdc_user and mysql.cdc_password:
+        return Credentials(mysql.cdc_user, mysql.cdc_password)
+    if mysql.cdc_secret_id:
+        import boto3
+
+        client = boto3.client("secretsmanager", region_name=config.region)
+        secret = json.loads(client.get_secret_value(SecretId=mysql.cdc_secret_id)["SecretString"])
+        return Credentials(secret["username"], secret["password"])
+    raise ConfigError("no CDC credentials: run `lakehouse local up`, or pass --mysql-cdc-secret-id on AWS")
+
+
+def connection_settings(config: LakehouseConfig, creds: Credentials) -> dict:
+    return {
+        "host": config.mysql.host,
+        "port": config.mysql.port,
+        "user": creds.user,
+        "password": creds.password,
+        "connect_timeout": 5,
+    }
+
+
+def connect(config: LakehouseConfig, creds: Credentials) -> pymysql.Connection:
+    conn = pymysql.connect(
+        host=config.mysql.host,
+        port=config.mysql.port,
+        user=creds.user,
+        password=creds.password,
+        connect_timeout=5,
+        autocommit=True,
+        charset="utf8mb4",
+    )
+    with conn.cursor() as cur:
+        cur.execute("SET time_zone = '+00:00'")  # TIMESTAMPs as UTC wall time, like the binlog
+    return conn
+
+
+def describe_table(conn: pymysql.Connection, schema: str, name: str) -> SourceTable:
+    with conn.cursor() as cur:
+        cur.execute(
+            """SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, COLUMN_KEY FROM information_schema.COLUMNS
+               WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION""",
+            (schema, name),
+        )
+        rows = cur.fetchall()
+        cur.execute(
+            """SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE
+               WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s AND CONSTRAINT_NAME = 'PRIMARY'
+               ORDER BY ORDINAL_POSITION""",
+            (schema, name),
+        )
+        key = tuple(r[0] for r in cur.fetchall())
+    if not rows:
+        raise ConfigError(f"source table {schema}.{name} does not exist")
+    if not key:
+        raise ConfigError(f"source table {schema}.{name} has no primary key: CDC needs one to MERGE on")
+    columns = tuple(SourceColumn(r[0], r[1], r[2] == "YES") for r in rows)
+    return SourceTable(schema, name, columns, key)
+
+
+def master_position(conn: pymysql.Connection) -> tuple[str, int, str]:
+    """(binlog file, position, GTID set) at the end of the binlog right now."""
+    with conn.cursor() as cur:
+        cur.execute("SHOW MASTER STATUS")
+        row = cur.fetchone()
+        if row is None:
+            raise ConfigError("the source has no binary log: enable log_bin with binlog_format=ROW")
+        gtid = ""
+        try:
+            cur.execute("SELECT @@gtid_binlog_pos")  # MariaDB
+            gtid = cur.fetchone()[0] or ""
+        except pymysql.MySQLError:
+            cur.execute("SELECT @@global.gtid_executed")  # MySQL
+            gtid = cur.fetchone()[0] or ""
+    return row[0], int(row[1]), gtid
+
+
+def binary_logs(conn: pymysql.Connection) -> list[str]:
+    with conn.cursor() as cur:
+        cur.execute("SHOW BINARY LOGS")
+        return [r[0] for r in cur.fetchall()]
+
+
+def read_rows(conn: pymysql.Connection, table: SourceTable, fetch: int = 5000) -> Iterator[tuple]:
+    """All rows of `table` in column order, streamed (unbuffered cursor)."""
+    cols = ", ".join(f"`{c.name}`" for c in table.columns)
+    with conn.cursor(pymysql.cursors.SSCursor) as cur:
+        cur.execute(f"SELECT {cols} FROM `{table.schema}`.`{table.name}`")
+        while True:
+            batch = cur.fetchmany(fetch)
+            if not batch:
+                return
+            yield from batch

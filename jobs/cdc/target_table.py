@@ -1,0 +1,81 @@
+"""The Iceberg side of a synced table: creation, table properties, identifier fields, added columns."""
+
+from __future__ import annotations
+
+from jobs.cdc.schema_mapping import SourceColumn
+
+# Snapshot summary key holding the binlog position a commit brings the table up to (JSON: file,
+# pos, gtid). Written in the same commit as the rows, so data and position never disagree.
+POSITION_KEY = "lakehouse.cdc.position"
+
+# Copy-on-write, not merge-on-read: the dimension tables are small (thousands to low millions of
+# rows) and the clickstream ingest joins against them on every micro-batch, so reads dominate.
+# Copy-on-write rewrites the few touched data files per MERGE (cheap at this size) and leaves the
+# readers plain data files with no delete files to apply; merge-on-read would make every ingest
+# batch pay for position/equality deletes until compaction runs.
+TABLE_PROPERTIES = {
+    "format-version": "2",
+    "write.merge.mode": "copy-on-write",
+    "write.update.mode": "copy-on-write",
+    "write.delete.mode": "copy-on-write",
+    # One commit per second at most: keep the metadata directory from growing without bound.
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "50",
+}
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def table_exists(spark, table: str) -> bool:
+    return spark.catalog.tableExists(table)
+
+
+def target_columns(spark, table: str) -> list[tuple[str, str]]:
+    """(name, Spark SQL type) of the Iceberg table, in table order (always fresh: no catalog cache)."""
+    return [(f.name, f.dataType.simpleString()) for f in spark.table(table).schema.fields]
+
+
+def create_table(spark, table: str, columns: tuple[SourceColumn, ...], key: tuple[str, ...]) -> None:
+    """Create the target if missing (another job may create it first: IF NOT EXISTS)."""
+    cols = ", ".join(
+        f"{_quote(c.name)} {c.spark_type}{' NOT NULL' if c.name in key else ''}" for c in columns
+    )
+    props = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
+    spark.sql(f"CREATE TABLE IF NOT EXISTS {table} ({cols}) USING iceberg TBLPROPERTIES ({props})")
+
+
+def configure_table(spark, table: str, key: tuple[str, ...]) -> None:
+    """Our table properties and identifier fields = the primary key (also on a table others made)."""
+    current = dict(spark.sql(f"SHOW TBLPROPERTIES {table}").collect())
+    wanted = {k: v for k, v in TABLE_PROPERTIES.items() if k != "format-version" and current.get(k) != v}
+    if current.get("format-version", "2") != "2":
+        wanted["format-version"] = "2"
+    if wanted:
+        props = ", ".join(f"'{k}'='{v}'" for k, v in wanted.items())
+        spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({props})")
+    jvm = spark.sparkContext._jvm
+    iceberg = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table)
+    if set(iceberg.schema().identifierFieldNames()) == set(key):
+        return
+    # A table created by someone else may have a nullable key column; the key is never null.
+    update = iceberg.updateSchema().allowIncompatibleChanges()
+    for column in key:
+        update = update.requireColumn(column)
+    fields = jvm.java.util.ArrayList()
+    for column in key:
+        fields.add(column)
+    update.setIdentifierFields(fields).commit()
+
+
+def add_columns(spark, table: str, columns: tuple[SourceColumn, ...]) -> list[str]:
+    """Add the columns the table does not have yet (idempotent: a replayed ADD COLUMN is a no-op)."""
+    existing = {name.lower() for name, _ in target_columns(spark, table)}
+    added = []
+    for column in columns:
+        if column.name.lower() in existing:
+            continue
+        spark.sql(f"ALTER TABLE {table} ADD COLUMN {_quote(column.name)} {column.spark_type}")
+        added.append(column.name)
+    return added

@@ -1,0 +1,387 @@
+"""CDC job: MySQL/MariaDB binlog -> Iceberg dimension tables with MERGE, exactly once.
+
+`lakehouse run cdc` locally; the same module is what the EMR step runs.
+
+* A table with no stored position gets an initial snapshot (position noted first, then the rows,
+  committed together). `--resync TABLE` does the same on purpose.
+* Then the binlog is tailed from the oldest stored position. Each micro-batch is reduced per primary
+  key to its last change and applied with one MERGE per table whose commit summary carries the
+  binlog position after the batch (`lakehouse.cdc.position`). A transaction at or before a table's
+  stored position is skipped for that table, so a restart neither loses nor re-applies changes.
+* `ALTER TABLE ... ADD COLUMN` is followed; other DDL on a synced table stops that table's sync with
+  an error naming the statement and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import queue
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import pymysql
+from tenacity import before_sleep_log, retry, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from jobs.cdc import apply_changes, snapshot, source_db, target_table
+from jobs.cdc.binlog_reader import BinlogPosition, BinlogReader, DdlEvent, Transaction
+from jobs.cdc.change_batch import RowChange, last_change_per_key
+from jobs.cdc.target_table import POSITION_KEY
+from jobs.common.job_args import add_environment_args, config_from_args
+from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
+from jobs.common.snapshot_progress import read_progress
+from lakehouse.config import SOURCE_DATABASE, ConfigError, LakehouseConfig
+
+log = logging.getLogger("cdc_sync")
+
+DEFAULT_TABLES = ("user_db.products=dim_db.products", "user_db.user_member=dim_db.user_member")
+MAX_BATCH_CHANGES = 300_000  # bounds memory while catching up
+DRAIN_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    source_schema: str
+    source_name: str
+    target: str  # fully qualified: lakehouse.dim_db.products
+
+    @property
+    def source(self) -> str:
+        return f"{self.source_schema}.{self.source_name}"
+
+    @classmethod
+    def parse(cls, text: str, config: LakehouseConfig) -> TableSpec:
+        """`[schema.]table=namespace.table`, e.g. `user_db.products=dim_db.products`."""
+        source, sep, target = text.partition("=")
+        if not sep or "." not in target:
+            raise ConfigError(
+                f"--table {text!r}: use SOURCE=NAMESPACE.TABLE, e.g. user_db.products=dim_db.products"
+            )
+        schema, _, name = source.rpartition(".")
+        namespace, _, table = target.rpartition(".")
+        return cls(schema or SOURCE_DATABASE, name, config.table(namespace.split(".")[-1], table))
+
+    def matches(self, name: str) -> bool:
+        short_target = ".".join(self.target.split(".")[-2:])
+        return name in (self.source, self.source_name, self.target, short_target)
+
+
+@dataclass
+class TableState:
+    spec: TableSpec
+    key: tuple[str, ...]
+    columns: list[tuple[str, str]]
+    position: BinlogPosition
+    error: str | None = None
+
+
+@dataclass
+class BatchReport:
+    changes: dict[str, int] = field(default_factory=dict)
+    position: BinlogPosition | None = None
+    commit_ms: float = 0.0
+    lag_seconds: float = 0.0
+
+
+def resync_hint(spec: TableSpec) -> str:
+    return f"re-snapshot it with `lakehouse run cdc --resync {spec.source}`"
+
+
+class CdcSync:
+    """The job's state across batches: per-table position, the binlog reader, the MERGE step."""
+
+    def __init__(
+        self,
+        spark,
+        config: LakehouseConfig,
+        specs: Sequence[TableSpec],
+        *,
+        resync: Sequence[str] = (),
+        server_id: int | None = None,
+        max_batch_changes: int = MAX_BATCH_CHANGES,
+        on_commit: Callable[[str, list[RowChange], float], None] | None = None,
+        connect_timeout: float = 120.0,
+    ) -> None:
+        self.spark = spark
+        self.config = config
+        self.specs = list(specs)
+        self.resync = list(resync)
+        self.server_id = server_id or config.mysql.server_id
+        self.max_batch_changes = max_batch_changes
+        self.on_commit = on_commit
+        self.connect_timeout = connect_timeout
+        self.credentials = source_db.cdc_credentials(config)
+        self.tables: dict[tuple[str, str], TableState] = {}
+        self.reader: BinlogReader | None = None
+        self.fatal: str | None = None
+        self.last_report = BatchReport()
+        for name in self.resync:
+            if not any(s.matches(name) for s in self.specs):
+                raise ConfigError(
+                    f"--resync {name}: not a configured table ({', '.join(s.source for s in specs)})"
+                )
+
+    # ---- start: snapshot what needs one, then start tailing --------------------------------------
+
+    def _connect(self) -> pymysql.Connection:
+        @retry(
+            retry=retry_if_exception_type(pymysql.err.OperationalError),
+            stop=stop_after_delay(self.connect_timeout),
+            wait=wait_exponential(multiplier=0.5, max=10),
+            before_sleep=before_sleep_log(log, logging.WARNING),
+            reraise=True,
+        )
+        def attempt() -> pymysql.Connection:
+            return source_db.connect(self.config, self.credentials)
+
+        return attempt()
+
+    def start(self) -> CdcSync:
+        conn = self._connect()
+        try:
+            is_mariadb = "mariadb" in conn.get_server_info().lower()
+            available = set(source_db.binary_logs(conn))
+            for spec in self.specs:
+                self.tables[(spec.source_schema, spec.source_name)] = self._prepare(conn, spec, available)
+        finally:
+            conn.close()
+        active = [t for t in self.tables.values() if t.error is None]
+        if active:
+            start = min((t.position for t in active), key=lambda p: p.order)
+            self.reader = BinlogReader(
+                source_db.connection_settings(self.config, self.credentials),
+                self.server_id,
+                start,
+                {k: t.key for k, t in self.tables.items() if t.error is None},
+                is_mariadb=is_mariadb,
+            ).start()
+        return self
+
+    def _prepare(self, conn: pymysql.Connection, spec: TableSpec, available: set[str]) -> TableState:
+        stored = None
+        if target_table.table_exists(self.spark, spec.target):
+            stored = read_progress(self.spark, spec.target, POSITION_KEY)
+        wants_resync = any(spec.matches(name) for name in self.resync)
+        if stored is None or wants_resync:
+            began = time.monotonic()
+            position = snapshot.snapshot_table(
+                self.spark, conn, spec.source_schema, spec.source_name, spec.target
+            )
+            log.info(
+                "snapshot %s -> %s at %s (%.1fs)",
+                spec.source,
+                spec.target,
+                position,
+                time.monotonic() - began,
+            )
+        else:
+            position = BinlogPosition.from_json(stored)
+        source = source_db.describe_table(conn, spec.source_schema, spec.source_name)
+        target_table.configure_table(self.spark, spec.target, source.key)
+        state = TableState(spec, source.key, target_table.target_columns(self.spark, spec.target), position)
+        if position.file not in available:
+            state.error = (
+                f"{spec.target}: its stored binlog position {position} is no longer on the server "
+                f"(binlog purged); {resync_hint(spec)}"
+            )
+            log.error(state.error)
+        return state
+
+    # ---- one micro-batch ----------------------------------------------------------------------
+
+    def _drain(self) -> tuple[list[Transaction], DdlEvent | None]:
+        transactions: list[Transaction] = []
+        count = 0
+        deadline = time.monotonic() + DRAIN_SECONDS
+        while count < self.max_batch_changes and time.monotonic() < deadline:
+            try:
+                # Keep draining briefly while the reader keeps producing (catching up on a backlog):
+                # fewer, larger MERGEs. Bounded so a steady trickle cannot delay the commit.
+                item = self.reader.items.get(timeout=0.05)
+            except queue.Empty:
+                break
+            if isinstance(item, DdlEvent):
+                return transactions, item
+            transactions.append(item)
+            count += sum(len(v) for v in item.changes.values())
+        return transactions, None
+
+    def run_batch(self) -> int:
+        """Apply what the reader has queued; returns the number of row changes applied."""
+        if self.reader is None:
+            return 0
+        if self.reader.fatal is not None:
+            self._fail_all(f"binlog unreadable from {self.reader.position}: {self.reader.fatal}")
+            return 0
+        transactions, ddl = self._drain()
+        report = BatchReport()
+        if transactions:
+            self._apply(transactions, report)
+        if ddl is not None:
+            self._apply_ddl(ddl)
+        if report.changes:
+            log.info(
+                "cdc batch: %s | position %s | commit %.0f ms | lag %.1f s",
+                " ".join(f"{t}={n}" for t, n in report.changes.items()),
+                report.position,
+                report.commit_ms,
+                report.lag_seconds,
+            )
+            self.last_report = report
+        return sum(report.changes.values())
+
+    def _apply(self, transactions: list[Transaction], report: BatchReport) -> None:
+        end = transactions[-1].end
+        for source_key, state in self.tables.items():
+            if state.error is not None:
+                continue
+            changes = [
+                change
+                for tx in transactions
+                if tx.end.order > state.position.order
+                for change in tx.changes.get(source_key, ())
+            ]
+            if not changes:
+                continue
+            latest = last_change_per_key(changes)
+            began = time.monotonic()
+            apply_changes.apply_changes(self.spark, state.spec.target, state.columns, state.key, latest, end)
+            committed = time.time()
+            report.commit_ms += (time.monotonic() - began) * 1000
+            report.changes[state.spec.target.split(".", 1)[-1]] = len(changes)
+            state.position = end
+            if self.on_commit is not None:
+                self.on_commit(state.spec.target, latest, committed)
+        report.position = end
+        report.lag_seconds = max(0.0, time.time() - transactions[-1].timestamp)
+
+    def _apply_ddl(self, ddl: DdlEvent) -> None:
+        for source_key in ddl.tables:
+            state = self.tables[source_key]
+            if state.error is not None or ddl.end.order <= state.position.order:
+                continue
+            statement = " ".join(ddl.change.statement.split())
+            if ddl.change.unsupported:
+                state.error = (
+                    f"{state.spec.target}: sync stopped at {ddl.end}: "
+                    f"unsupported DDL on {state.spec.source}: "
+                    f"`{statement}` (only ALTER TABLE ... ADD COLUMN is followed); {resync_hint(state.spec)}"
+                )
+                log.error(state.error)
+                continue
+            added = target_table.add_columns(self.spark, state.spec.target, ddl.change.added_columns)
+            state.columns = target_table.target_columns(self.spark, state.spec.target)
+            log.info(
+                "%s: schema evolved by `%s` (added %s)", state.spec.target, statement, added or "nothing new"
+            )
+
+    def _fail_all(self, reason: str) -> None:
+        for state in self.tables.values():
+            if state.error is None:
+                state.error = f"{state.spec.target}: sync stopped: {reason}; {resync_hint(state.spec)}"
+                log.error(state.error)
+
+    # ---- status -------------------------------------------------------------------------------
+
+    @property
+    def errors(self) -> list[str]:
+        return [t.error for t in self.tables.values() if t.error]
+
+    @property
+    def all_stopped(self) -> bool:
+        return all(t.error for t in self.tables.values())
+
+    def caught_up(self, target: BinlogPosition) -> bool:
+        """Everything up to `target` has been read and applied (or the reader cannot go on)."""
+        if self.reader is None or self.all_stopped:
+            return True
+        position = self.reader.position
+        return self.reader.items.empty() and position.order >= target.order
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.stop()
+
+
+# ---- entry point ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CdcArgs:
+    tables: tuple[str, ...]
+    resync: tuple[str, ...]
+    server_id: int | None
+    mode: RunMode
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, CdcArgs]:
+    parser = argparse.ArgumentParser(prog="lakehouse run cdc", description=__doc__.split("\n")[0])
+    add_environment_args(parser)
+    add_run_mode_args(parser)
+    parser.add_argument(
+        "--table",
+        action="append",
+        metavar="SOURCE=TARGET",
+        help="source table to sync and its Iceberg table, e.g. user_db.products=dim_db.products "
+        "(repeatable; default: products and user_member)",
+    )
+    parser.add_argument(
+        "--resync",
+        action="append",
+        default=[],
+        metavar="TABLE",
+        help="re-snapshot TABLE (e.g. user_db.products)",
+    )
+    parser.add_argument("--server-id", type=int, help="replication client id (unique per reader)")
+    args = parser.parse_args(list(argv))
+    return args, CdcArgs(
+        tuple(args.table or DEFAULT_TABLES), tuple(args.resync), args.server_id, RunMode.from_args(args)
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    env_args, args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        config = config_from_args(env_args)
+        specs = [TableSpec.parse(t, config) for t in args.tables]
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    from jobs.spark_session import build_spark, stop_spark
+
+    spark = build_spark(config, "cdc_sync")
+    stop = StopRequest().install()
+    sync = CdcSync(spark, config, specs, resync=args.resync, server_id=args.server_id)
+    try:
+        sync.start()
+        target = None
+        if args.mode.until_idle:
+            conn = sync._connect()
+            try:
+                target = BinlogPosition(*source_db.master_position(conn))
+            finally:
+                conn.close()
+
+        def batch() -> int:
+            handled = sync.run_batch()
+            if sync.all_stopped or (target is not None and sync.caught_up(target)):
+                stop.set()
+            return handled
+
+        total = run_batches(batch, args.mode, stop)
+        log.info("cdc stopped after %d changes", total)
+    finally:
+        sync.close()
+        stop_spark(spark)
+    for error in sync.errors:
+        print(f"error: {error}", file=sys.stderr)
+    return 2 if sync.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Pure parts of the CDC job: type mapping, DDL classification, per-key reduction, MERGE text."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import pytest
+
+from jobs.cdc.apply_changes import merge_statement
+from jobs.cdc.binlog_reader import BinlogPosition
+from jobs.cdc.change_batch import DELETE, UPSERT, last_change_per_key, row_changes
+from jobs.cdc.ddl import classify
+from jobs.cdc.schema_mapping import UnsupportedType, iceberg_type, to_spark_value
+
+
+@pytest.mark.parametrize(
+    ("mysql", "iceberg"),
+    [
+        ("decimal(10,4)", "decimal(10,4)"),
+        ("timestamp", "timestamp"),
+        ("datetime(3)", "timestamp"),
+        ("int(11)", "int"),
+        ("int(10) unsigned", "bigint"),
+        ("bigint(20)", "bigint"),
+        ("bigint(20) unsigned", "decimal(20,0)"),
+        ("varchar(10)", "string"),
+        ("text", "string"),
+        ("tinyint(1)", "int"),
+        ("double", "double"),
+        ("date", "date"),
+        ("blob", "binary"),
+    ],
+)
+def test_type_mapping_is_faithful(mysql: str, iceberg: str) -> None:
+    assert iceberg_type(mysql) == iceberg
+
+
+def test_unmappable_type_is_an_error() -> None:
+    with pytest.raises(UnsupportedType):
+        iceberg_type("geometry")
+
+
+def test_values_convert_for_spark() -> None:
+    naive = dt.datetime(2024, 1, 2, 3, 4, 5)
+    assert to_spark_value(naive, "timestamp") == naive.replace(tzinfo=dt.UTC)
+    assert to_spark_value(8.1, "decimal(10,4)") == Decimal("8.1")
+    assert to_spark_value({"a": 1}, "string") == '{"a": 1}'
+    assert to_spark_value(None, "int") is None
+
+
+def test_add_column_is_followed() -> None:
+    ddl = classify(
+        "ALTER TABLE `user_db`.`products` ADD COLUMN stock INT NOT NULL DEFAULT 0, ADD note varchar(20)"
+    )
+    assert ddl is not None and not ddl.unsupported
+    assert ddl.tables == (("user_db", "products"),)
+    assert [(c.name, c.spark_type) for c in ddl.added_columns] == [("stock", "int"), ("note", "string")]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "ALTER TABLE products DROP COLUMN description",
+        "ALTER TABLE products CHANGE name title VARCHAR(255)",
+        "ALTER TABLE products MODIFY product_price DECIMAL(12,2)",
+        "ALTER TABLE products RENAME TO products_old",
+        "ALTER TABLE products ADD COLUMN x INT, DROP COLUMN name",
+        "RENAME TABLE products TO p2",
+        "DROP TABLE IF EXISTS products",
+        "TRUNCATE TABLE products",
+    ],
+)
+def test_other_ddl_is_unsupported(statement: str) -> None:
+    ddl = classify(statement)
+    assert ddl is not None and ddl.unsupported
+    assert (None, "products") in ddl.tables
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "BEGIN",
+        "CREATE TABLE t (a int)",
+        "ALTER TABLE products ADD INDEX idx_name (name)",
+        "GRANT SELECT ON *.* TO x",
+    ],
+)
+def test_harmless_statements_are_ignored(statement: str) -> None:
+    assert classify(statement) is None
+
+
+def test_update_changing_the_key_deletes_the_old_key() -> None:
+    rows = [{"before_values": {"id": "1", "v": 1}, "after_values": {"id": "2", "v": 1}}]
+    changes = row_changes("update", rows, ("id",))
+    assert [(c.op, c.key) for c in changes] == [(DELETE, ("1",)), (UPSERT, ("2",))]
+
+
+def test_last_change_per_key_keeps_binlog_order() -> None:
+    changes = [
+        *row_changes("insert", [{"values": {"id": "a", "v": 1}}], ("id",)),
+        *row_changes("insert", [{"values": {"id": "b", "v": 1}}], ("id",)),
+        *row_changes("delete", [{"values": {"id": "a", "v": 1}}], ("id",)),
+        *row_changes(
+            "update", [{"before_values": {"id": "b", "v": 1}, "after_values": {"id": "b", "v": 2}}], ("id",)
+        ),
+        *row_changes("insert", [{"values": {"id": "a", "v": 3}}], ("id",)),
+    ]
+    latest = last_change_per_key(changes)
+    assert [(c.op, c.key, c.row["v"]) for c in latest] == [(UPSERT, ("b",), 2), (UPSERT, ("a",), 3)]
+
+
+def test_merge_statement_applies_updates_inserts_and_deletes() -> None:
+    sql = merge_statement(
+        "lakehouse.dim_db.p", "v", [("productId", "string"), ("name", "string")], ("productId",)
+    )
+    assert "ON t.`productId` = s.`productId`" in sql
+    assert "THEN DELETE" in sql and "UPDATE SET t.`name` = s.`name`" in sql
+    assert "INSERT (`productId`, `name`)" in sql
+
+
+def test_positions_order_across_files() -> None:
+    a = BinlogPosition("mysql-bin.000001", 9000)
+    b = BinlogPosition("mysql-bin.000002", 4)
+    assert a.order < b.order
+    assert BinlogPosition.from_json(a.to_json()) == a
