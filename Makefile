@@ -8,6 +8,7 @@ export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
+DEMO_SECONDS ?= 120
 
 .PHONY: setup system jars cli demo test test-fast bench synth lint clean
 
@@ -31,7 +32,7 @@ $(CDK): package.json
 	@touch $@
 
 demo: setup ## Run the pipeline end to end on the embedded local stack
-	$(VENV)/bin/lakehouse demo
+	$(VENV)/bin/lakehouse demo --seconds $(DEMO_SECONDS)
 
 test: setup ## Run the whole test suite (starts its own stack on other ports)
 	$(PY) -m pytest $(PYTEST_ARGS)

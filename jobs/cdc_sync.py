@@ -157,6 +157,7 @@ class CdcSync:
                 {k: t.key for k, t in self.tables.items() if t.error is None},
                 is_mariadb=is_mariadb,
             ).start()
+            log.info("tailing the binlog from %s for %s", start, ", ".join(t.spec.target for t in active))
         return self
 
     def _prepare(self, conn: pymysql.Connection, spec: TableSpec, available: set[str]) -> TableState:

@@ -118,13 +118,21 @@ def sql(query: str, engine: str, fmt: str) -> None:
 
 
 @main.command()
-def demo() -> None:
-    """Run the demo on the embedded local stack (what `make demo` calls)."""
-    from lakehouse.demo import run_demo
+@click.option("--seconds", type=float, default=120.0, show_default=True, help="streaming phase length")
+@click.option("--rate", type=float, default=1000.0, show_default=True, help="clicks per second")
+def demo(seconds: float, rate: float) -> None:
+    """Run the source system's scenario end to end on the embedded stack (`make demo`)."""
+    from lakehouse.demo import DemoOptions, run_demo
+    from lakehouse.supervisor import JobFailed
 
+    if seconds <= 0 or rate <= 0:
+        _fail("--seconds and --rate must be positive")
     try:
-        run_demo(out)
-    except (StackError, ConfigError) as exc:
+        run_demo(out, DemoOptions(seconds=seconds, rate=rate))
+    except KeyboardInterrupt:
+        out.print("[yellow]demo interrupted; the jobs are stopped, the stack is still up[/]")
+        sys.exit(130)
+    except (StackError, ConfigError, JobFailed, RuntimeError) as exc:
         _fail(str(exc))
 
 

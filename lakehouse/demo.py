@@ -1,62 +1,361 @@
-"""`lakehouse demo`: the main job on the embedded stack — bring it up and show the lake answering.
+"""`lakehouse demo` / `make demo`: the source system's scenario end to end on the embedded stack.
 
-Until the streaming jobs are composed into the full scenario (views, report, maintenance), the
-demo starts the stack and runs smoke queries through the same paths the pipeline uses: the MySQL
-source, the Kafka topic and the Iceberg catalog (Spark writes, DuckDB reads).
+1. stack up; 2. CDC, ingest and views as supervised child processes (the EMR steps' modules);
+3. clicks at a steady rate with a live view of product_views and freshness, a third of the way in
+the source system's two UPDATE statements; 4. their effect; 5. the batch report; 6. maintenance;
+then a summary. The jobs are stopped at the end; the stack stays up and the lake is queryable
+with `lakehouse sql`.
 """
 
 from __future__ import annotations
 
+import re
+import threading
 import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
 
-from lakehouse import adhoc_sql
 from lakehouse.config import LakehouseConfig
+from lakehouse.freshness import FreshnessTracker
+from lakehouse.local.catalog import pyiceberg_catalog
 from lakehouse.local.mariadb import APP_USER
 from lakehouse.local.settings import StackSettings
 from lakehouse.local.stack import LocalStack
+from lakehouse.seed_data import PRODUCT_ROWS, USER_MEMBER_ROWS
+from lakehouse.supervisor import Supervisor, run_job
 
-SMOKE_TABLE = "lakehouse.ads_behavior.demo_smoke"
+# The source system's two statements (its article), run a third of the way into the streaming phase.
+PRICE_CHANGE = "UPDATE products SET description='test666', product_price=8.1 WHERE productId='1'"
+LEVEL_CHANGE = "UPDATE user_member SET memberLevel=2 WHERE userid='555655'"
+NEW_PRICE = 8.1
+
+CLICKS = "ods_behavior.clickevent"
+REJECTS = "ods_behavior.clickevent_rejects"
+VIEWS = "ads_behavior.product_views"
+PRODUCTS = "dim_db.products"
+MEMBERS = "dim_db.user_member"
+
+STREAMING_JOBS = (
+    # name, module, the log line that says it is consuming
+    ("cdc", "jobs.cdc_sync", r"tailing the binlog"),
+    ("ingest", "jobs.clickstream_ingest", r"resuming"),
+    ("views", "jobs.product_views", r"resuming"),
+)
 
 
-def run_demo(console: Console) -> None:
+@dataclass(frozen=True)
+class DemoOptions:
+    seconds: float = 120.0
+    rate: float = 1000.0
+    bad_ratio: float = 0.01
+    ready_timeout: float = 300.0
+
+
+@dataclass
+class DemoState:
+    """What the live view and the summary show."""
+
+    produced: int = 0
+    clicks_before: int = 0
+    rejects_before: int = 0
+    clicks: int = 0
+    rejects: int = 0
+    views: list[dict] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)  # timeline lines: statements and their effects
+    changes_at: float | None = None
+    price_applied_at: float | None = None
+    price_in_views_at: float | None = None
+    new_price_views_before: int = 0  # views of (product 1, 8.1) from earlier runs
+
+
+def run_demo(console: Console, options: DemoOptions) -> None:
     began = time.monotonic()
     settings = StackSettings.resolve()
     stack = LocalStack(settings)
-    console.rule("1. local stack")
-    state = stack.up(progress=lambda msg: console.print(f"  {msg}"))
+    console.rule("1/6 local stack")
+    state_file = stack.up(progress=lambda msg: console.print(f"  {msg}"))
     config = LakehouseConfig.local(settings.home)
+    conn = stack.mariadb.connect(APP_USER, state_file["mysql"]["password"])
+    reset_demo_rows(conn)
+    catalog = pyiceberg_catalog(settings.catalog_path, settings.warehouse)
+    state = DemoState()
+    tracker = FreshnessTracker(config.kafka.topic)
+    width = max(console.width, 120)  # the one-shot jobs print tables; keep them readable in a log
+    supervisor = Supervisor(settings.home / "logs" / "demo")
+    try:
+        console.rule("2/6 streaming jobs: CDC (binlog -> dim_db), ingest (Kafka -> ods_behavior), views")
+        with console.status(f"starting three Spark jobs; logs in {supervisor.log_dir}"):
+            # CDC first: its initial snapshot creates and loads the dimensions the ingest joins.
+            for name, module, ready in STREAMING_JOBS:
+                supervisor.start(name, module, ready_pattern=ready)
+                if name == "cdc":
+                    supervisor.wait_ready(options.ready_timeout)
+            supervisor.wait_ready(options.ready_timeout)
+            warm_up(config, catalog, tracker, supervisor, options.ready_timeout)
+        console.print("  cdc, ingest and views are running (first batch done)")
+        state.clicks_before = total_records(catalog, CLICKS)
+        state.rejects_before = total_records(catalog, REJECTS)
 
-    console.rule("2. source database (MariaDB, binlog on)")
-    conn = stack.mariadb.connect(APP_USER, state["mysql"]["password"])
-    with conn, conn.cursor() as cur:
-        cur.execute("SELECT productId, name, product_price FROM products ORDER BY productId")
-        products = cur.fetchall()
-    console.print(f"  user_db.products has {len(products)} rows, e.g. {products[0]}")
+        console.rule(f"3/6 clicks at {options.rate:,.0f}/s for {options.seconds:.0f}s (gendata), live")
+        stream(console, options, config, conn, catalog, supervisor, tracker, state)
 
-    console.rule("3. Spark writes an Iceberg table in the local catalog")
-    from jobs.spark_session import build_spark
+        catch_up(catalog, tracker, state, supervisor, timeout=90)
+        codes = supervisor.stop()
+        cdc_changes = logged_cdc_changes(settings.home / "logs" / "demo" / "cdc.log")
+        failed = {name: code for name, code in codes.items() if code != 0}
+        if failed:
+            raise RuntimeError(f"jobs exited with errors: {failed}; logs in {supervisor.log_dir}")
 
-    spark = build_spark(config, "lakehouse-demo")
-    spark.sql(
-        f"CREATE TABLE IF NOT EXISTS {SMOKE_TABLE} (productId string, name string, "
-        "product_price decimal(10,4), loaded_at timestamp) USING iceberg "
-        "TBLPROPERTIES ('format-version'='2')"
-    )
-    frame = spark.createDataFrame(
-        [(p, n, price) for p, n, price in products],
-        "productId string, name string, product_price decimal(10,4)",
-    ).selectExpr("*", "current_timestamp() AS loaded_at")
-    frame.writeTo(SMOKE_TABLE).overwritePartitions()
-    spark.stop()
+        console.rule("4/6 effect of the two statements")
+        show_effect(console, catalog, state)
 
-    console.rule("4. ad-hoc query (DuckDB over the Iceberg metadata: `lakehouse sql`)")
-    query = "SELECT productId, name, product_price FROM ads_behavior.demo_smoke ORDER BY productId LIMIT 5"
-    console.print(f'  $ lakehouse sql "{query}"')
-    result = adhoc_sql.query_duckdb(config, query, settings.home / "duckdb_extensions")
-    console.print(adhoc_sql.rich_table(result))
+        console.rule("5/6 batch report (Spark): member_daily_report for today")
+        report = run_job("jobs.batch_report", "--date", datetime.now(UTC).date().isoformat(), width=width)
+        console.print(report.stdout.rstrip())
+        if report.returncode != 0:
+            raise RuntimeError(f"batch report failed:\n{report.stderr[-2000:]}")
+        console.print("  member 555655 now counts under level 2 (it was 3 when the demo started)")
+
+        console.rule("6/6 maintenance: compaction, snapshot expiry, orphan files, manifests")
+        files_before = data_files(catalog, CLICKS)
+        maintenance = run_job("jobs.maintain", width=width)
+        console.print(maintenance.stdout.rstrip())
+        if maintenance.returncode != 0:
+            raise RuntimeError(f"maintenance failed:\n{maintenance.stderr[-2000:]}")
+        files_after = data_files(catalog, CLICKS)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: stopping the jobs (each finishes and commits its batch)[/]")
+        raise
+    finally:
+        if supervisor.jobs:
+            supervisor.stop()
+        conn.close()
+
+    print_summary(console, options, state, tracker, cdc_changes, (files_before, files_after))
     console.print(
-        f"[green]demo done[/] in {time.monotonic() - began:.0f}s; the stack is still up "
-        "(`lakehouse local status`, `lakehouse local down`)."
+        f"[green]demo done[/] in {time.monotonic() - began:.0f}s; jobs stopped, stack still up. Try "
+        f'`lakehouse sql "SELECT * FROM {VIEWS} ORDER BY views DESC"` or `lakehouse local down`.'
     )
+
+
+# ---- the streaming phase -------------------------------------------------------------------------
+
+
+def stream(console, options, config, conn, catalog, supervisor, tracker, state) -> None:
+    from lakehouse.gendata import generate_records, produce, producer_config
+
+    count = int(options.rate * options.seconds)
+    stop = threading.Event()
+    summary_box: list = []
+
+    def producer() -> None:
+        summary_box.append(
+            produce(
+                producer_config(config),
+                config.kafka.topic,
+                generate_records(count, bad_ratio=options.bad_ratio),
+                count,
+                options.rate,
+                on_delivered=tracker.produced,
+                stop=stop,
+            )
+        )
+
+    thread = threading.Thread(target=producer, name="gendata", daemon=True)
+    started = time.monotonic()
+    thread.start()
+    live = Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else None
+    last_line = 0.0
+    try:
+        if live:
+            live.start()
+        while thread.is_alive():
+            supervisor.check()
+            elapsed = time.monotonic() - started
+            if state.changes_at is None and elapsed >= options.seconds / 3:
+                run_statements(conn, state, elapsed)
+            refresh(catalog, tracker, state, elapsed)
+            if live:
+                live.update(render(state, tracker, elapsed, options))
+            elif time.monotonic() - last_line >= 10:
+                console.print(status_line(state, tracker, elapsed))
+                last_line = time.monotonic()
+            time.sleep(1.0)
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        if live:
+            live.stop()
+        thread.join(120)
+    state.produced = summary_box[0].sent if summary_box else 0
+    if not live:
+        console.print(status_line(state, tracker, time.monotonic() - started))
+
+
+def run_statements(conn, state: DemoState, elapsed: float) -> None:
+    with conn.cursor() as cur:
+        cur.execute(PRICE_CHANGE)
+        cur.execute(LEVEL_CHANGE)
+    conn.commit()
+    state.changes_at = time.monotonic()
+    state.new_price_views_before = new_price_views(state.views)
+    state.events.append(f"t+{elapsed:.0f}s  MySQL: {PRICE_CHANGE}")
+    state.events.append(f"t+{elapsed:.0f}s  MySQL: {LEVEL_CHANGE}")
+
+
+def refresh(catalog, tracker: FreshnessTracker, state: DemoState, elapsed: float) -> None:
+    clicks = catalog.load_table(CLICKS)
+    tracker.observe(clicks.snapshots())
+    state.clicks = total_records(catalog, CLICKS) - state.clicks_before
+    state.rejects = total_records(catalog, REJECTS) - state.rejects_before
+    state.views = read_rows(catalog, VIEWS)
+    if state.changes_at is None:
+        return
+    since = time.monotonic() - state.changes_at
+    if state.price_applied_at is None and product_price(catalog, "1") == NEW_PRICE:
+        state.price_applied_at = since
+        state.events.append(f"t+{elapsed:.0f}s  CDC applied the new price to {PRODUCTS} ({since:.1f}s later)")
+    if state.price_in_views_at is None and new_price_views(state.views) > state.new_price_views_before:
+        state.price_in_views_at = since
+        state.events.append(
+            f"t+{elapsed:.0f}s  new clicks priced 8.1 counted in {VIEWS} ({since:.1f}s after the UPDATE)"
+        )
+
+
+def warm_up(config, catalog, tracker: FreshnessTracker, supervisor: Supervisor, timeout: float) -> None:
+    """A few events through the ingest before the clock starts: the first micro-batch of a fresh
+    Spark job pays for starting its Python workers, which is not what freshness should measure."""
+    from lakehouse.gendata import generate_records, produce, producer_config
+
+    events = generate_records(30)
+    produce(producer_config(config), config.kafka.topic, events, 30, on_delivered=tracker.produced)
+    deadline = time.monotonic() + timeout
+    while tracker.waiting and time.monotonic() < deadline:
+        supervisor.check()
+        tracker.observe(catalog.load_table(CLICKS).snapshots() if catalog.table_exists(CLICKS) else [])
+        time.sleep(0.5)
+    tracker.latencies.clear()
+
+
+def new_price_views(views: list[dict]) -> int:
+    return sum(
+        r["views"] for r in views if r["productId"] == "1" and float(r["product_price"] or 0) == NEW_PRICE
+    )
+
+
+def catch_up(catalog, tracker, state, supervisor, timeout: float) -> None:
+    """After the last event is produced: wait until the click table and the views include it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        supervisor.check()
+        refresh(catalog, tracker, state, 0)
+        if tracker.waiting == 0 and sum(r["views"] for r in state.views) == total_records(catalog, CLICKS):
+            return
+        time.sleep(1.0)
+
+
+def render(state: DemoState, tracker: FreshnessTracker, elapsed: float, options: DemoOptions) -> Group:
+    return Group(status_line(state, tracker, elapsed), views_table(state.views), *state.events)
+
+
+def status_line(state: DemoState, tracker: FreshnessTracker, elapsed: float) -> str:
+    fresh = tracker.percentiles()
+    freshness = f"p50 {fresh[0]:.1f}s / p95 {fresh[1]:.1f}s" if fresh else "n/a"
+    return (
+        f"t+{elapsed:.0f}s  clicks in {state.clicks:,}  rejects {state.rejects:,}  "
+        f"not yet visible {tracker.waiting:,}  freshness {freshness}"
+    )
+
+
+def views_table(rows: list[dict], limit: int = 12) -> Table:
+    table = Table(title=f"{VIEWS} (top {limit})")
+    for column in ("productId", "name", "product_price", "views"):
+        table.add_column(column, justify="right" if column in ("views", "product_price") else "left")
+    for r in sorted(rows, key=lambda r: -r["views"])[:limit]:
+        table.add_row(r["productId"], r["name"] or "-", str(r["product_price"] or "-"), f"{r['views']:,}")
+    return table
+
+
+# ---- after the stream ----------------------------------------------------------------------------
+
+
+def show_effect(console: Console, catalog, state: DemoState) -> None:
+    product_one = [r for r in read_rows(catalog, VIEWS) if r["productId"] == "1"]
+    console.print(views_table(product_one))
+    console.print("  product 1 is counted at its old and its new price: new events carry the new price")
+    member = [r for r in read_rows(catalog, MEMBERS) if r["userid"] == "555655"]
+    console.print(f"  {MEMBERS} 555655: memberLevel={member[0]['memberLevel'] if member else 'missing'}")
+    for line in state.events:
+        console.print(f"  {line}")
+
+
+def print_summary(console, options, state, tracker, cdc_changes, files) -> None:
+    fresh = tracker.percentiles()
+    freshness = f"{fresh[0]:.1f}s / {fresh[1]:.1f}s" if fresh else "n/a"
+    table = Table(title="demo summary")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    rows = [
+        ("events produced", f"{state.produced:,}"),
+        ("events in (ods_behavior.clickevent)", f"{state.clicks:,}"),
+        ("rejects (ods_behavior.clickevent_rejects)", f"{state.rejects:,}"),
+        ("freshness p50 / p95 (produced -> visible)", freshness),
+        ("CDC changes applied", str(cdc_changes)),
+        ("price change -> new clicks in product_views", _seconds(state.price_in_views_at)),
+        ("click table data files before / after compaction", f"{files[0]} / {files[1]}"),
+    ]
+    for measure, value in rows:
+        table.add_row(measure, value)
+    console.print(table)
+
+
+def _seconds(value: float | None) -> str:
+    return "not seen" if value is None else f"{value:.1f}s"
+
+
+# ---- small readers (pyiceberg over the local catalog; no Spark in the demo process) ----------------
+
+
+def total_records(catalog, table: str) -> int:
+    if not catalog.table_exists(table):
+        return 0
+    snapshot = catalog.load_table(table).current_snapshot()
+    return int(snapshot.summary.additional_properties.get("total-records", 0)) if snapshot else 0
+
+
+def read_rows(catalog, table: str) -> list[dict]:
+    if not catalog.table_exists(table):
+        return []
+    return catalog.load_table(table).scan().to_arrow().to_pylist()
+
+
+def product_price(catalog, product_id: str) -> float | None:
+    rows = [r for r in read_rows(catalog, PRODUCTS) if r["productId"] == product_id]
+    return float(rows[0]["product_price"]) if rows and rows[0]["product_price"] is not None else None
+
+
+def data_files(catalog, table: str) -> int:
+    return sum(1 for _ in catalog.load_table(table).scan().plan_files())
+
+
+def logged_cdc_changes(log_path) -> int | str:
+    match = re.search(r"cdc stopped after (\d+) changes", log_path.read_text(errors="replace"))
+    return int(match.group(1)) if match else "unknown (see cdc.log)"
+
+
+def reset_demo_rows(conn) -> None:
+    """Put product 1 and member 555655 back to their seed values, so every run shows the change."""
+    product = next(r for r in PRODUCT_ROWS if r[0] == "1")
+    member = next(r for r in USER_MEMBER_ROWS if r[0] == "555655")
+    with conn.cursor() as cur:
+        cur.execute(
+            "UPDATE products SET description=%s, product_price=%s WHERE productId=%s",
+            (product[2], product[3], product[0]),
+        )
+        cur.execute("UPDATE user_member SET memberLevel=%s WHERE userid=%s", (member[3], member[0]))
+    conn.commit()

@@ -12,8 +12,9 @@ import json
 import random
 import string
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from lakehouse.config import LakehouseConfig
@@ -138,8 +139,14 @@ def produce(
     rate: float | None = None,
     record_deliveries: bool = False,
     progress: bool = False,
+    on_delivered: Callable[[int, int, float], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> ProduceSummary:
-    """Send `records` round-robin over the topic's partitions; waits for every delivery report."""
+    """Send `records` round-robin over the topic's partitions; waits for every delivery report.
+
+    `on_delivered(partition, offset, produced_at)` is called per delivered record (wall-clock time
+    of the produce call, for freshness); `stop` ends the run early (what was sent is still flushed).
+    """
     from confluent_kafka import KafkaException, Producer
 
     producer = Producer(producer_props)
@@ -154,28 +161,33 @@ def produce(
         raise SystemExit(f"topic {topic!r} does not exist: run `lakehouse local up` to create it")
     summary = ProduceSummary()
 
-    def delivered(error, message, kind: str) -> None:
+    def delivered(error, message, kind: str, produced_at: float) -> None:
         if error is not None:
             summary.failed += 1
             return
         summary.sent += 1
         if record_deliveries:
             summary.delivered.append((message.partition(), message.offset(), kind))
+        if on_delivered is not None:
+            on_delivered(message.partition(), message.offset(), produced_at)
 
     bar = _progress_bar(count) if progress else None
     began = time.monotonic()
     for i, record in enumerate(records):
+        if stop is not None and stop.is_set():
+            break
         if rate:
             ahead = began + i / rate - time.monotonic()
             if ahead > 0:
                 time.sleep(ahead)
+        produced_at = time.time()
         while True:
             try:
                 producer.produce(
                     topic,
                     record.payload,
                     partition=partitions[i % len(partitions)],
-                    on_delivery=lambda err, msg, kind=record.kind: delivered(err, msg, kind),
+                    on_delivery=lambda err, msg, k=record.kind, at=produced_at: delivered(err, msg, k, at),
                 )
                 break
             except BufferError:  # local queue full: let deliveries drain

@@ -1,0 +1,241 @@
+"""Real-time product views: `lakehouse run views`; the same module is what the EMR step runs.
+
+Keeps `lakehouse.ads_behavior.product_views` equal to the source system's statistic
+`SELECT productId, name, product_price, count(uid) FROM clickevent GROUP BY productId, name,
+product_price`, by reading only the click rows it has not counted yet.
+
+Progress is a per-Kafka-partition offset watermark over the click table's lineage columns, stored
+in the summary of the same MERGE commit that adds the counts (`lakehouse.views.click-offsets`).
+The ingest commits each partition's offsets in order and exactly once, so "offset >= watermark" is
+exactly the uncounted rows. Unlike an incremental snapshot scan, this survives the click table's
+compaction (rewrite snapshots carry the same rows) and snapshot expiry (no snapshot id to lose).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from jobs.clickstream.schema import FACT_TABLE
+from jobs.clickstream.validation import offsets_at_or_after
+from jobs.common.job_args import add_environment_args, config_from_args
+from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
+from jobs.common.snapshot_progress import read_progress, retry_commit, with_snapshot_properties
+from jobs.spark_session import build_spark, stop_spark
+from lakehouse.config import LakehouseConfig
+
+log = logging.getLogger("product_views")
+
+VIEWS_TABLE = ("ads_behavior", "product_views")
+PROGRESS_KEY = "lakehouse.views.click-offsets"
+GROUP_COLUMNS = ("productId", "name", "product_price")
+
+Watermark = dict[int, int]  # kafka partition -> next click offset not yet counted
+
+
+def views_table_ddl(table: str) -> str:
+    # Copy-on-write (the Iceberg default): ~20 rows per price version, so rewriting the one small
+    # file per MERGE is cheap and readers never merge delete files.
+    return f"""CREATE TABLE IF NOT EXISTS {table} (
+                 productId string, name string, product_price decimal(10,4),
+                 views bigint, updated_at timestamp)
+               USING iceberg
+               TBLPROPERTIES ('format-version'='2', 'commit.retry.num-retries'='20',
+                              'write.metadata.delete-after-commit.enabled'='true',
+                              'write.metadata.previous-versions-max'='50')"""
+
+
+def watermark_from_summary(value: str | None) -> Watermark:
+    return {int(p): int(o) for p, o in json.loads(value).items()} if value else {}
+
+
+def watermark_summary(watermark: Watermark) -> str:
+    return json.dumps({str(p): watermark[p] for p in sorted(watermark)}, separators=(",", ":"))
+
+
+# ---- transforms ------------------------------------------------------------------------------------
+
+
+def uncounted_clicks(clicks: DataFrame, watermark: Watermark) -> DataFrame:
+    """Click rows at or after the watermark; partitions the watermark has not seen yet count fully."""
+    known = list(watermark)
+    new_partition = ~F.col("kafka_partition").isin(known) if known else F.lit(True)
+    return clicks.where(offsets_at_or_after(watermark) | new_partition)
+
+
+def views_delta(uncounted: DataFrame) -> DataFrame:
+    """Per group and Kafka partition: views to add and the highest offset read. One small scan
+    yields both the counts and the next watermark."""
+    return uncounted.groupBy(*GROUP_COLUMNS, "kafka_partition").agg(
+        F.count("uid").alias("views"), F.max("kafka_offset").alias("last_offset")
+    )
+
+
+@dataclass(frozen=True)
+class Delta:
+    counts: dict[tuple, int]
+    watermark: Watermark
+
+    @property
+    def views(self) -> int:
+        return sum(self.counts.values())
+
+
+def fold_delta(rows: Sequence, watermark: Watermark) -> Delta:
+    counts: dict[tuple, int] = defaultdict(int)
+    advanced = dict(watermark)
+    for row in rows:
+        counts[tuple(row[c] for c in GROUP_COLUMNS)] += row["views"]
+        partition = row["kafka_partition"]
+        advanced[partition] = max(advanced.get(partition, 0), row["last_offset"] + 1)
+    return Delta(dict(counts), advanced)
+
+
+def merge_statement(target: str, source_view: str) -> str:
+    # Null-safe keys: clicks of unknown products have null name and price, and form their own group.
+    on = " AND ".join(f"t.{c} <=> s.{c}" for c in GROUP_COLUMNS)
+    return (
+        f"MERGE INTO {target} t USING {source_view} s ON {on} "
+        "WHEN MATCHED THEN UPDATE SET t.views = t.views + s.views, t.updated_at = s.updated_at "
+        "WHEN NOT MATCHED THEN INSERT (productId, name, product_price, views, updated_at) "
+        "VALUES (s.productId, s.name, s.product_price, s.views, s.updated_at)"
+    )
+
+
+# ---- the job -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ViewsSettings:
+    clicks_table: str
+    views_table: str
+
+
+class ProductViews:
+    """Holds the watermark between batches; `run_batch` is one incremental update."""
+
+    def __init__(self, spark: SparkSession, settings: ViewsSettings) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.watermark: Watermark = {}
+        self.batches = 0
+        self._last_clicks_snapshot: int | None = None
+        self.on_commit = None  # optional callback(delta, clicks_snapshot_id) for benchmarks
+
+    def prepare(self) -> None:
+        self.spark.sql(views_table_ddl(self.settings.views_table))
+        self.watermark = self._stored_watermark()
+        log.info("resuming %s from click offsets %s", self.settings.views_table, self.watermark)
+
+    def _stored_watermark(self) -> Watermark:
+        return watermark_from_summary(read_progress(self.spark, self.settings.views_table, PROGRESS_KEY))
+
+    def _clicks_snapshot(self) -> int | None:
+        rows = self.spark.sql(
+            f"SELECT snapshot_id FROM {self.settings.clicks_table}.refs WHERE name = 'main'"
+        ).collect()
+        return rows[0][0] if rows else None
+
+    def run_batch(self) -> int:
+        if not self.spark.catalog.tableExists(self.settings.clicks_table):
+            return 0  # the ingest has not created it yet
+        snapshot = self._clicks_snapshot()
+        if snapshot is None or snapshot == self._last_clicks_snapshot:
+            return 0
+        # Read one snapshot so the counts and the watermark describe the same rows.
+        clicks = (
+            self.spark.read.format("iceberg").option("snapshot-id", snapshot).load(self.settings.clicks_table)
+        )
+        delta = fold_delta(views_delta(uncounted_clicks(clicks, self.watermark)).collect(), self.watermark)
+        self._last_clicks_snapshot = snapshot
+        if not delta.counts:
+            return 0  # e.g. a compaction snapshot: same rows, nothing new
+        began = time.monotonic()
+        self._commit(delta)
+        self.watermark = delta.watermark
+        self.batches += 1
+        log.info(
+            "batch %d: views=%d groups=%d click_offsets=%s clicks_snapshot=%d commit_ms=%.0f",
+            self.batches,
+            delta.views,
+            len(delta.counts),
+            watermark_summary(delta.watermark),
+            snapshot,
+            (time.monotonic() - began) * 1000,
+        )
+        if self.on_commit:
+            self.on_commit(delta, snapshot)
+        return delta.views
+
+    def _commit(self, delta: Delta) -> None:
+        view = "product_views_delta"
+        self.spark.createDataFrame(
+            [(*group, views) for group, views in delta.counts.items()],
+            "productId string, name string, product_price decimal(10,4), views bigint",
+        ).withColumn("updated_at", F.current_timestamp()).createOrReplaceTempView(view)
+        summary = {PROGRESS_KEY: watermark_summary(delta.watermark)}
+        statement = merge_statement(self.settings.views_table, view)
+
+        @retry_commit()
+        def commit() -> None:
+            # A commit whose outcome was unknown may have landed: then the table already holds it.
+            if self._stored_watermark() == delta.watermark:
+                return
+            with_snapshot_properties(self.spark, summary, lambda: self.spark.sql(statement))
+
+        try:
+            commit()
+        finally:
+            self.spark.catalog.dropTempView(view)
+
+
+# ---- entry point ---------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="lakehouse run views",
+        description="Maintain ads_behavior.product_views incrementally from the click table.",
+    )
+    add_environment_args(parser)
+    add_run_mode_args(parser)
+    parser.add_argument("--clicks-table", help="default lakehouse.ods_behavior.clickevent")
+    parser.add_argument("--views-table", help="default lakehouse.ads_behavior.product_views")
+    return parser.parse_args(list(argv))
+
+
+def settings_from_args(args: argparse.Namespace, config: LakehouseConfig) -> ViewsSettings:
+    return ViewsSettings(
+        clicks_table=args.clicks_table or config.table(*FACT_TABLE),
+        views_table=args.views_table or config.table(*VIEWS_TABLE),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    config = config_from_args(args)
+    stop = StopRequest().install()
+    spark = build_spark(config, "product_views")
+    try:
+        views = ProductViews(spark, settings_from_args(args, config))
+        views.prepare()
+        total = run_batches(views.run_batch, RunMode.from_args(args), stop)
+        log.info("stopped after %d batches, %d views counted", views.batches, total)
+    finally:
+        stop_spark(spark)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Freshness of the click table: produced -> visible, per event, from the table's own snapshots.
+
+Each ingest commit's summary carries the Kafka offsets it covers (`lakehouse.kafka.offsets`), so an
+event (partition, offset) became visible at the commit time of the first snapshot whose end offset
+for its partition is past it. Reading only metadata, this costs nothing per event on the lake side.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+from collections import deque
+
+OFFSETS_KEY = "lakehouse.kafka.offsets"  # written by jobs/clickstream_ingest.py
+
+
+class FreshnessTracker:
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self._pending: dict[int, deque[tuple[int, float]]] = {}
+        self._lock = threading.Lock()
+        self._seen_snapshots: set[int] = set()
+        self.latencies: list[float] = []
+
+    def produced(self, partition: int, offset: int, produced_at: float) -> None:
+        """Producer delivery callback: deliveries per partition arrive in offset order."""
+        with self._lock:
+            self._pending.setdefault(partition, deque()).append((offset, produced_at))
+
+    def observe(self, snapshots) -> None:
+        """Feed pyiceberg snapshots (any order, repeats fine) of the click table."""
+        fresh = sorted(
+            (s for s in snapshots if s.snapshot_id not in self._seen_snapshots), key=lambda s: s.timestamp_ms
+        )
+        for snapshot in fresh:
+            self._seen_snapshots.add(snapshot.snapshot_id)
+            value = snapshot.summary.additional_properties.get(OFFSETS_KEY) if snapshot.summary else None
+            if not value:
+                continue
+            committed_at = snapshot.timestamp_ms / 1000
+            ends = {int(p): int(o) for p, o in json.loads(value).get(self.topic, {}).items()}
+            with self._lock:
+                for partition, end in ends.items():
+                    queue = self._pending.get(partition)
+                    while queue and queue[0][0] < end:
+                        _, produced_at = queue.popleft()
+                        self.latencies.append(max(0.0, committed_at - produced_at))
+
+    @property
+    def waiting(self) -> int:
+        """Events delivered to Kafka and not yet visible in the table."""
+        with self._lock:
+            return sum(len(q) for q in self._pending.values())
+
+    def percentiles(self) -> tuple[float, float] | None:
+        """(p50, p95) seconds, or None before the first visible event."""
+        if not self.latencies:
+            return None
+        ordered = sorted(self.latencies)
+        return statistics.median(ordered), ordered[int(0.95 * (len(ordered) - 1))]

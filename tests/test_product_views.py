@@ -1,0 +1,163 @@
+"""product_views against the real local stack: equal to the GROUP BY over the click table after
+ingest, a price change, compaction and snapshot expiry; restarts neither skip nor double-count."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from support import LAKEHOUSE_BIN, REPO
+
+from jobs.clickstream.schema import fact_table_ddl, products_table_ddl
+from jobs.product_views import PROGRESS_KEY, ProductViews, ViewsSettings, watermark_from_summary
+
+pytestmark = pytest.mark.stack
+
+PARTITIONS = 3
+
+
+def source_statistic(spark, clicks: str) -> list[tuple]:
+    """The source system's real-time query, verbatim apart from the table name."""
+    rows = spark.sql(
+        f"SELECT productId, name, product_price, count(uid) FROM {clicks} "
+        "GROUP BY productId, name, product_price"
+    ).collect()
+    return sorted((tuple(r) for r in rows), key=repr)
+
+
+def views_rows(spark, views: str) -> list[tuple]:
+    rows = spark.sql(f"SELECT productId, name, product_price, views FROM {views}").collect()
+    return sorted((tuple(r) for r in rows), key=repr)
+
+
+def catch_up(job: ProductViews) -> int:
+    total = 0
+    while handled := job.run_batch():
+        total += handled
+    return total
+
+
+@pytest.fixture
+def names():
+    suffix = uuid.uuid4().hex[:6]
+    return {
+        "topic": f"views_{suffix}",
+        "clicks": f"lakehouse.ods_behavior.views_clicks_{suffix}",
+        "rejects": f"lakehouse.ods_behavior.views_rejects_{suffix}",
+        "products": f"lakehouse.dim_db.views_products_{suffix}",
+        "views": f"lakehouse.ads_behavior.views_{suffix}",
+    }
+
+
+def test_views_equal_the_group_by_after_ingest_price_change_compaction_and_expiry(
+    spark, lake_config, names
+) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from jobs.clickstream_ingest import ClickstreamIngest, IngestSettings
+    from jobs.common.run_modes import RunMode, StopRequest, run_batches
+    from lakehouse.gendata import generate_records, produce, producer_config
+
+    admin = AdminClient({"bootstrap.servers": lake_config.kafka.bootstrap})
+    admin.create_topics([NewTopic(names["topic"], PARTITIONS, 1)])[names["topic"]].result(timeout=30)
+    # Own products dimension (products 1..9 known; the generator's 0 and 10..19 are unknown).
+    for statement in products_table_ddl(names["products"]):
+        spark.sql(statement)
+    spark.sql(
+        f"INSERT INTO {names['products']} VALUES "
+        + ", ".join(f"('{i}', 'test0{i}', 'd', {i}.5, current_timestamp())" for i in range(1, 10))
+    )
+    ingest = ClickstreamIngest(
+        spark,
+        lake_config,
+        IngestSettings(names["topic"], names["clicks"], names["rejects"], names["products"]),
+    )
+    ingest.prepare()
+    views = ProductViews(spark, ViewsSettings(names["clicks"], names["views"]))
+    views.prepare()
+
+    def round_of(count: int, seed: int) -> None:
+        records = generate_records(count, seed, bad_ratio=0.05)
+        summary = produce(producer_config(lake_config), names["topic"], records, count)
+        assert summary.failed == 0
+        run_batches(ingest.run_batch, RunMode(0.2, True, 1.0), StopRequest())
+        catch_up(views)
+        assert views_rows(spark, names["views"]) == source_statistic(spark, names["clicks"])
+
+    round_of(3000, seed=11)
+    assert any(name is None for _, name, _, _ in views_rows(spark, names["views"]))  # unknown products
+
+    # A price change in the dimension: new events carry it, and the aggregate gets a new group.
+    spark.sql(f"UPDATE {names['products']} SET product_price = 8.1 WHERE productId = '1'")
+    round_of(2000, seed=12)
+    prices = {price for pid, _, price, _ in views_rows(spark, names["views"]) if pid == "1"}
+    assert prices == {Decimal("1.5000"), Decimal("8.1000")}
+
+    # Compaction: a rewrite snapshot holds the same rows, so there is nothing new to count.
+    spark.sql(
+        f"CALL lakehouse.system.rewrite_data_files(table => '{names['clicks']}', "
+        "options => map('rewrite-all', 'true'))"
+    )
+    assert catch_up(views) == 0
+    assert views_rows(spark, names["views"]) == source_statistic(spark, names["clicks"])
+    round_of(1000, seed=13)
+
+    # Snapshot expiry on the click table: no snapshot id is part of the views progress.
+    spark.sql(
+        f"CALL lakehouse.system.expire_snapshots(table => '{names['clicks']}', "
+        f"older_than => TIMESTAMP '{datetime.now(UTC) + timedelta(seconds=1):%Y-%m-%d %H:%M:%S}', "
+        "retain_last => 1)"
+    )
+    round_of(1000, seed=14)
+    total = spark.table(names["clicks"]).count()
+    assert sum(v for *_, v in views_rows(spark, names["views"])) == total
+
+
+def append_clicks(spark, clicks: str, start: int, count: int) -> None:
+    """Rows as the ingest writes them: per partition, consecutive offsets from `start`."""
+    spark.sql(
+        f"""INSERT INTO {clicks}
+            SELECT 10 + id % 90, '10001', CAST(id % 20 AS string), 'cookie', CAST(id % 20 AS int),
+                   TIMESTAMP '2026-11-20 10:00:00', NULL, NULL, '20261120',
+                   CAST(id % {PARTITIONS} AS int), {start} + id DIV {PARTITIONS}, current_timestamp()
+            FROM range({count * PARTITIONS})"""
+    )
+
+
+def test_views_restarts_neither_skip_nor_double_count(spark, names) -> None:
+    for statement in fact_table_ddl(names["clicks"]):
+        spark.sql(statement)
+    args = ["--clicks-table", names["clicks"], "--views-table", names["views"]]
+    cmd = [LAKEHOUSE_BIN, "run", "views", *args, "--trigger-seconds", "0.2"]
+    appended = 0
+    for round_no in range(3):
+        job = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            # Keep appending while the job starts and runs, then kill -9 it wherever it is.
+            deadline = time.monotonic() + 10 + 5 * round_no
+            while time.monotonic() < deadline:
+                append_clicks(spark, names["clicks"], appended, 200)
+                appended += 200
+                time.sleep(0.5)
+        finally:
+            job.send_signal(signal.SIGKILL)
+            job.wait(30)
+    finished = subprocess.run(
+        [LAKEHOUSE_BIN, "run", "views", *args, "--until-idle", "--idle-seconds", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert views_rows(spark, names["views"]) == source_statistic(spark, names["clicks"])
+    assert sum(v for *_, v in views_rows(spark, names["views"])) == appended * PARTITIONS
+    stored = spark.sql(
+        f"SELECT summary['{PROGRESS_KEY}'] FROM {names['views']}.snapshots ORDER BY committed_at DESC LIMIT 1"
+    ).collect()[0][0]
+    assert watermark_from_summary(stored) == dict.fromkeys(range(PARTITIONS), appended)
