@@ -76,6 +76,10 @@ _RETRYABLE = (
     "database is locked",
     "ValidationException: Found conflicting files",
     "Cannot commit, found new",
+    # A copy-on-write MERGE that overlapped a compaction of the same files, or whose runtime
+    # filter saw another process's commit: re-planning the MERGE is the fix.
+    "Missing required files to delete",
+    "Runtime file filtering is not possible",
 )
 
 

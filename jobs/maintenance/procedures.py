@@ -1,0 +1,205 @@
+"""Iceberg maintenance procedures (`CALL lakehouse.system.*`) and the metadata tables they are
+judged by. Each call is one step; a step that loses a commit race to a streaming job is retried."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from tenacity import RetryCallState, retry, retry_if_exception, stop_after_attempt, wait_exponential
+
+from jobs.common.snapshot_progress import is_commit_conflict
+from jobs.maintenance.retention import PROGRESS_PREFIX, ExpiryPlan, SnapshotInfo, expiry_plan
+
+log = logging.getLogger("maintain")
+T = TypeVar("T")
+
+# Tables whose compaction sort is fixed here rather than taken from the table's write order: a
+# one-product one-day query on the clicks then reads one or a few files of that day.
+SORT_ORDERS = {"ods_behavior.clickevent": "productId ASC NULLS FIRST, eventTime ASC NULLS FIRST"}
+# Partial progress: file groups commit on their own, so a group that loses a race with a streaming
+# commit is skipped (and compacted next run) instead of failing the whole rewrite.
+REWRITE_OPTIONS = {
+    "partial-progress.enabled": "true",
+    "partial-progress.max-commits": "10",
+    "max-concurrent-file-group-rewrites": "4",
+}
+# Beyond `is_commit_conflict`: lost to a concurrent MERGE or rewrite of the same files or manifests
+# (Iceberg fails these validations instead of retrying them).
+_MAINTENANCE_CONFLICTS = (
+    "could not be found in the latest snapshot",  # rewrite_manifests: a manifest was replaced
+    "Missing required files to delete",
+    "Cannot commit, missing data files",
+)
+
+
+# ---- retries -------------------------------------------------------------------------------------------
+
+
+def is_maintenance_conflict(exc: BaseException) -> bool:
+    return is_commit_conflict(exc) or any(marker in str(exc) for marker in _MAINTENANCE_CONFLICTS)
+
+
+def error_summary(exc: BaseException | None) -> str:
+    """The line of a (Py4J) error that names the cause, e.g. `...ValidationException: Missing ...`."""
+    lines = [line.strip(" :") for line in str(exc).splitlines() if line.strip(" :")]
+    cause = next((line for line in lines if "Exception: " in line), lines[0] if lines else repr(exc))
+    return cause[:300]
+
+
+def _log_retry(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome else None
+    wait = state.next_action.sleep if state.next_action else 0.0
+    log.warning("commit conflict (%s); retrying the step in %.1f s", error_summary(exc), wait)
+
+
+def retry_step(attempts: int = 5) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Retry a step that lost a commit race to another writer (after Iceberg's own retries)."""
+    return retry(
+        retry=retry_if_exception(is_maintenance_conflict),
+        stop=stop_after_attempt(attempts),
+        wait=wait_exponential(multiplier=0.5, max=10),
+        before_sleep=_log_retry,
+        reraise=True,
+    )
+
+
+# ---- metadata tables -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TableStats:
+    data_files: int
+    data_bytes: int
+    snapshots: int
+    delete_files: int
+
+
+def table_stats(spark, ident: str) -> TableStats:
+    """Live data files and their bytes, delete files (current snapshot) and all snapshots."""
+    row = spark.sql(
+        f"""SELECT (SELECT count(*) FROM {ident}.data_files) AS data_files,
+                   (SELECT coalesce(sum(file_size_in_bytes), 0) FROM {ident}.data_files) AS data_bytes,
+                   (SELECT count(*) FROM {ident}.snapshots) AS snapshots,
+                   (SELECT count(*) FROM {ident}.delete_files) AS delete_files"""
+    ).first()
+    return TableStats(row["data_files"], row["data_bytes"], row["snapshots"], row["delete_files"])
+
+
+def read_snapshots(spark, ident: str) -> list[SnapshotInfo]:
+    rows = spark.sql(
+        f"""SELECT s.snapshot_id, unix_millis(s.committed_at) AS committed_ms,
+                   map_keys(s.summary) AS summary_keys,
+                   coalesce(h.is_current_ancestor, false) AS is_current_ancestor,
+                   unix_millis(h.made_current_at) AS made_current_ms
+            FROM {ident}.snapshots s LEFT JOIN {ident}.history h ON h.snapshot_id = s.snapshot_id"""
+    ).collect()
+    return [
+        SnapshotInfo(
+            r["snapshot_id"],
+            r["committed_ms"],
+            r["is_current_ancestor"],
+            r["made_current_ms"],
+            frozenset(k for k in r["summary_keys"] if k.startswith(PROGRESS_PREFIX)),
+        )
+        for r in rows
+    ]
+
+
+def write_order(spark, ident: str) -> str | None:
+    """The table's sort order as Iceberg describes it (`SHOW TBLPROPERTIES` key `sort-order`)."""
+    return dict(spark.sql(f"SHOW TBLPROPERTIES {ident}").collect()).get("sort-order")
+
+
+# ---- procedures ----------------------------------------------------------------------------------------
+
+
+def utc_text(epoch_ms: int) -> str:
+    """`2024-05-01 12:00:00.123Z` for an epoch millisecond."""
+    moment = datetime.fromtimestamp(epoch_ms // 1000, tz=UTC)
+    return f"{moment:%Y-%m-%d %H:%M:%S}.{epoch_ms % 1000:03d}Z"
+
+
+def timestamp_literal(epoch_ms: int) -> str:
+    """A Spark TIMESTAMP literal for an epoch millisecond, whatever the session time zone."""
+    return f"TIMESTAMP '{utc_text(epoch_ms)}'"
+
+
+def call(spark, catalog: str, procedure: str, **args: str) -> list:
+    """`CALL catalog.system.procedure(name => value, ...)`; values are SQL literals."""
+    arguments = ", ".join(f"{name} => {value}" for name, value in args.items())
+    return spark.sql(f"CALL {catalog}.system.{procedure}({arguments})").collect()
+
+
+def rewrite_strategy(table: str, table_write_order: str | None) -> tuple[str, str | None]:
+    """(strategy, sort order) for rewrite_data_files; `table` is `namespace.name`."""
+    if table in SORT_ORDERS:
+        return "sort", SORT_ORDERS[table]
+    if table_write_order:
+        return "sort", table_write_order
+    return "binpack", None
+
+
+def rewrite_data_files(spark, catalog: str, table: str, has_deletes: bool) -> str:
+    strategy, order = rewrite_strategy(table, write_order(spark, f"{catalog}.{table}"))
+    options = dict(REWRITE_OPTIONS)
+    if has_deletes:
+        options["remove-dangling-deletes"] = "true"
+    args = {
+        "table": f"'{table}'",
+        "strategy": f"'{strategy}'",
+        "options": "map(" + ", ".join(f"'{k}', '{v}'" for k, v in options.items()) + ")",
+    }
+    if order:
+        args["sort_order"] = f"'{order}'"
+    result = retry_step()(call)(spark, catalog, "rewrite_data_files", **args)[0].asDict()
+    failed = result.get("failed_data_files_count") or 0
+    return (
+        f"{f'sort by {order}' if order else 'binpack'}: "
+        f"{result['rewritten_data_files_count']} files -> {result['added_data_files_count']}"
+        + (f", {failed} left for the next run after commit conflicts" if failed else "")
+    )
+
+
+def rewrite_manifests(spark, catalog: str, table: str) -> str:
+    rows = retry_step()(call)(spark, catalog, "rewrite_manifests", table=f"'{table}'")
+    result = rows[0].asDict() if rows else {"rewritten_manifests_count": 0, "added_manifests_count": 0}
+    return f"{result['rewritten_manifests_count']} manifests -> {result['added_manifests_count']}"
+
+
+def expire_snapshots(spark, catalog: str, table: str, retain_hours: float, retain_last: int) -> str:
+    @retry_step()
+    def expire() -> tuple[ExpiryPlan, dict]:
+        # Planned per attempt, so a retry also protects progress committed in the meantime.
+        snapshots = read_snapshots(spark, f"{catalog}.{table}")
+        plan = expiry_plan(snapshots, int(time.time() * 1000), retain_hours)
+        rows = call(
+            spark,
+            catalog,
+            "expire_snapshots",
+            table=f"'{table}'",
+            older_than=timestamp_literal(plan.older_than_ms),
+            retain_last=str(retain_last),
+            stream_results="true",
+        )
+        return plan, rows[0].asDict()
+
+    plan, result = expire()
+    detail = f"older than {utc_text(plan.older_than_ms)}"
+    if plan.capped:
+        kept = ", ".join(f"{key}@{snap.snapshot_id}" for key, snap in sorted(plan.protected.items()))
+        detail += f" (capped to keep the progress snapshots {kept})"
+    files, lists = result.get("deleted_data_files_count", 0), result.get("deleted_manifest_lists_count", 0)
+    return f"{detail}: deleted {files} data files, {lists} manifest lists"
+
+
+def remove_orphan_files(spark, catalog: str, table: str, min_age_hours: float) -> str:
+    older_than = int((time.time() - min_age_hours * 3600) * 1000)
+    rows = retry_step()(call)(
+        spark, catalog, "remove_orphan_files", table=f"'{table}'", older_than=timestamp_literal(older_than)
+    )
+    return f"older than {min_age_hours:g} h: removed {len(rows)} files"

@@ -1,0 +1,59 @@
+"""Which snapshots expire_snapshots may remove without losing a job's progress (pure, no Spark).
+
+The streaming jobs commit their progress in snapshot summaries (keys starting with `lakehouse.`,
+e.g. `lakehouse.kafka.offsets`, `lakehouse.cdc.position`, `lakehouse.views.click-offsets`) and read it
+back from the newest current ancestor that carries the key (`snapshot_progress.read_progress`).
+expire_snapshots removes every snapshot strictly older than `older_than`, whatever `retain_last`
+says, so `older_than` is capped at the oldest of those snapshots: none of them can go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+PROGRESS_PREFIX = "lakehouse."
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    snapshot_id: int
+    committed_ms: int
+    is_current_ancestor: bool
+    made_current_ms: int | None
+    summary_keys: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class ExpiryPlan:
+    older_than_ms: int
+    protected: dict[str, SnapshotInfo]  # progress key -> the snapshot `read_progress` returns
+    capped: bool  # older_than is earlier than the retention alone would put it
+
+
+def progress_snapshots(
+    snapshots: Iterable[SnapshotInfo], prefix: str = PROGRESS_PREFIX
+) -> dict[str, SnapshotInfo]:
+    """Per summary key starting with `prefix`: the newest current ancestor carrying it, in the order
+    `read_progress` uses (made current, then committed)."""
+    newest: dict[str, SnapshotInfo] = {}
+    for snap in snapshots:
+        if not snap.is_current_ancestor:
+            continue
+        order = (snap.made_current_ms or 0, snap.committed_ms)
+        for key in snap.summary_keys:
+            best = newest.get(key)
+            if key.startswith(prefix) and (
+                best is None or order > (best.made_current_ms or 0, best.committed_ms)
+            ):
+                newest[key] = snap
+    return newest
+
+
+def expiry_plan(snapshots: Iterable[SnapshotInfo], now_ms: int, retain_hours: float) -> ExpiryPlan:
+    """`older_than` for expire_snapshots: now minus the retention, capped at the commit time of the
+    oldest progress snapshot."""
+    retention_cutoff = now_ms - int(retain_hours * 3_600_000)
+    protected = progress_snapshots(snapshots)
+    cutoff = min([retention_cutoff, *(s.committed_ms for s in protected.values())])
+    return ExpiryPlan(cutoff, protected, cutoff < retention_cutoff)

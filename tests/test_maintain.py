@@ -1,0 +1,337 @@
+"""Table maintenance (`jobs/maintain.py`) against the real local catalog and warehouse.
+
+Each stack test builds its own click-like table (the ingest's DDL) from many small appends that carry
+progress keys in their snapshot summaries, runs the maintenance, and reads the table back.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
+from support import run_cli
+
+from jobs.clickstream.schema import OFFSETS_KEY, fact_table_ddl
+from jobs.clickstream_ingest import offsets_summary
+from jobs.common.snapshot_progress import read_progress, retry_commit, writer_options
+from jobs.maintain import MaintainSettings, UnknownTableError, main, maintain_table, short_name
+from jobs.maintenance.procedures import error_summary, is_maintenance_conflict, rewrite_strategy
+from jobs.maintenance.retention import SnapshotInfo, expiry_plan
+
+stack = pytest.mark.stack
+
+TOPIC = "clicks"
+CHECKPOINT_KEY = "lakehouse.test.checkpoint"  # a second progress key, set by early commits only
+DAY0 = 1_714_521_600  # 2024-05-01 00:00:00 UTC
+DAYS = 3
+AGGRESSIVE = MaintainSettings(retain_hours=0, retain_last=1)
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+
+
+def click_batch(spark, batch: int, rows: int):
+    """`rows` click rows spread over DAYS days and 20 products, offsets batch*rows.. on partition 0."""
+    first = batch * rows
+    event_seconds = F.lit(DAY0) + (F.col("id") % DAYS) * 86_400 + F.lit(batch * 60) + F.col("id")
+    event_time = F.timestamp_seconds(event_seconds)
+    return spark.range(0, rows, 1, 2).select(
+        (F.col("id") % 7 + 1).cast("int").alias("webpageId"),
+        F.concat(F.lit("u"), (F.col("id") % 50).cast("string")).alias("uid"),
+        ((F.col("id") * 7 + batch) % 20 + 1).cast("string").alias("productId"),
+        F.concat(F.lit("c"), (F.lit(first) + F.col("id")).cast("string")).alias("cookieId"),
+        (F.col("id") % 100).cast("int").alias("expendTime"),
+        event_time.alias("eventTime"),
+        F.lit(None).cast("string").alias("name"),
+        F.lit(None).cast("decimal(10,4)").alias("product_price"),
+        F.date_format(event_time, "yyyyMMdd").alias("dt"),
+        F.lit(0).alias("kafka_partition"),
+        (F.lit(first) + F.col("id")).alias("kafka_offset"),
+        F.timestamp_seconds(F.lit(DAY0 + batch)).alias("ingested_at"),
+    )
+
+
+def append_batch(spark, ident: str, batch: int, rows: int, extra: dict[str, str] | None = None) -> None:
+    summary = {OFFSETS_KEY: offsets_summary(TOPIC, {0: (batch + 1) * rows}), **(extra or {})}
+    frame = click_batch(spark, batch, rows)
+
+    @retry_commit()
+    def append() -> None:
+        frame.writeTo(ident).options(**writer_options(summary)).append()
+
+    append()
+
+
+def create_clicks(spark, name: str) -> str:
+    ident = f"lakehouse.{name}"
+    spark.sql(f"DROP TABLE IF EXISTS {ident} PURGE")
+    for statement in fact_table_ddl(ident):
+        spark.sql(statement)
+    return ident
+
+
+def rows_of(spark, ident: str) -> Counter:
+    return Counter(tuple(r) for r in spark.table(ident).collect())
+
+
+def count_of(spark, ident: str, metadata_table: str) -> int:
+    return spark.sql(f"SELECT count(*) FROM {ident}.{metadata_table}").first()[0]
+
+
+def one_product_day_files(catalog, name: str) -> int:
+    """Data files Iceberg's scan planning keeps for productId 3 on the first day (pyiceberg)."""
+    from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
+
+    day = datetime.fromtimestamp(DAY0, UTC)  # Spark timestamp columns are Iceberg timestamptz
+    row_filter = And(
+        EqualTo("productId", "3"),
+        And(
+            GreaterThanOrEqual("eventTime", day.isoformat()),
+            LessThan("eventTime", (day + timedelta(days=1)).isoformat()),
+        ),
+    )
+    return len(list(catalog.load_table(name).scan(row_filter=row_filter).plan_files()))
+
+
+def snapshot_ids(spark, ident: str) -> set[int]:
+    return {r[0] for r in spark.sql(f"SELECT snapshot_id FROM {ident}.snapshots").collect()}
+
+
+@pytest.fixture
+def drop_after(spark):
+    made: list[str] = []
+    yield made.append
+    for ident in made:
+        spark.sql(f"DROP TABLE IF EXISTS {ident} PURGE")
+
+
+# ---- pure helpers ----------------------------------------------------------------------------------
+
+
+def snap(sid: int, ms: int, keys=(), ancestor: bool = True) -> SnapshotInfo:
+    return SnapshotInfo(sid, ms, ancestor, ms if ancestor else None, frozenset(keys))
+
+
+def test_expiry_cutoff_is_capped_at_oldest_progress_snapshot():
+    now = 10_000_000
+    snapshots = [
+        snap(1, 1_000, [OFFSETS_KEY, CHECKPOINT_KEY]),
+        snap(2, 2_000, [CHECKPOINT_KEY]),  # newest carrying the checkpoint: must survive
+        snap(3, 3_000, [OFFSETS_KEY]),
+        snap(4, 4_000, [OFFSETS_KEY]),  # newest carrying the offsets
+        snap(5, 5_000),  # e.g. a compaction
+    ]
+    plan = expiry_plan(snapshots, now, retain_hours=0)
+    assert plan.older_than_ms == 2_000
+    assert plan.capped
+    assert {k: s.snapshot_id for k, s in plan.protected.items()} == {CHECKPOINT_KEY: 2, OFFSETS_KEY: 4}
+
+
+def test_expiry_cutoff_ignores_non_ancestors_and_other_keys():
+    now = 10 * 3_600_000
+    snapshots = [
+        snap(1, 1_000, [OFFSETS_KEY]),
+        snap(2, 9 * 3_600_000, [OFFSETS_KEY]),
+        snap(3, 9 * 3_600_000 + 5, [OFFSETS_KEY], ancestor=False),  # rolled back: read_progress skips it
+        snap(4, 2_000, ["spark.app.id"]),
+    ]
+    plan = expiry_plan(snapshots, now, retain_hours=2)
+    assert plan.older_than_ms == 8 * 3_600_000  # the retention alone: the progress snapshot is newer
+    assert not plan.capped
+    assert plan.protected[OFFSETS_KEY].snapshot_id == 2
+
+
+def test_expiry_cutoff_without_progress_is_the_retention():
+    assert expiry_plan([snap(1, 5)], 3_600_000, retain_hours=0.5).older_than_ms == 1_800_000
+
+
+def test_rewrite_strategy():
+    assert rewrite_strategy("ods_behavior.clickevent", None) == (
+        "sort",
+        "productId ASC NULLS FIRST, eventTime ASC NULLS FIRST",
+    )
+    assert rewrite_strategy("ads_behavior.x", "a ASC NULLS FIRST") == ("sort", "a ASC NULLS FIRST")
+    assert rewrite_strategy("dim_db.products", None) == ("binpack", None)
+
+
+def test_lost_commit_races_are_retried_and_summarized():
+    lost = Exception(
+        "An error occurred while calling o63.sql.\n: org.apache.iceberg.exceptions.ValidationException: "
+        "Deleted manifest /w/m5.avro could not be found in the latest snapshot 415\n\tat org.apache..."
+    )
+    assert is_maintenance_conflict(lost)
+    assert error_summary(lost).startswith(
+        "org.apache.iceberg.exceptions.ValidationException: Deleted manifest"
+    )
+    assert is_maintenance_conflict(Exception("CommitFailedException: Cannot commit: stale table metadata"))
+    assert not is_maintenance_conflict(Exception("[TABLE_OR_VIEW_NOT_FOUND] lakehouse.x.y"))
+
+
+def test_table_names():
+    assert short_name("lakehouse.dim_db.products", "lakehouse") == "dim_db.products"
+    assert short_name("dim_db.products", "lakehouse") == "dim_db.products"
+    with pytest.raises(UnknownTableError, match="NAMESPACE.NAME"):
+        short_name("products", "lakehouse")
+
+
+def test_orphan_min_age_below_one_hour_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--orphan-min-age-hours", "0.5"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "too young" in err and "in flight" in err and "at least 1" in err
+
+
+def test_help_lists_the_options(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--table", "--retain-hours", "--retain-last", "--orphan-min-age-hours", "--skip-orphans"):
+        assert option in out
+
+
+# ---- against the local stack -----------------------------------------------------------------------
+
+
+@stack
+def test_compaction_keeps_rows_and_progress_and_expires_snapshots(
+    spark, lake_config, pyiceberg_catalog, drop_after
+):
+    name = "ods_behavior.maint_test_clicks"
+    ident = create_clicks(spark, name)
+    drop_after(ident)
+    appends, checkpoint_until = 16, 6
+    for batch in range(appends):
+        extra = {CHECKPOINT_KEY: f"batch-{batch}"} if batch < checkpoint_until else None
+        append_batch(spark, ident, batch, rows=250, extra=extra)
+    files_before = count_of(spark, ident, "data_files")
+    rows_before = rows_of(spark, ident)
+    progress_before = {key: read_progress(spark, ident, key) for key in (OFFSETS_KEY, CHECKPOINT_KEY)}
+    snapshots_before = spark.sql(
+        f"SELECT snapshot_id, summary FROM {ident}.snapshots ORDER BY committed_at"
+    ).collect()
+    checkpoint_snapshot = [s.snapshot_id for s in snapshots_before if CHECKPOINT_KEY in s.summary][-1]
+    older = {
+        s.snapshot_id
+        for s in snapshots_before[: [s.snapshot_id for s in snapshots_before].index(checkpoint_snapshot)]
+    }
+
+    scanned_before = one_product_day_files(pyiceberg_catalog, name)
+
+    report = maintain_table(spark, lake_config, name, AGGRESSIVE)
+
+    files_after = count_of(spark, ident, "data_files")
+    assert files_before >= 10 * files_after, (files_before, files_after)
+    assert files_after <= DAYS  # one sorted file per day partition
+    assert rows_of(spark, ident) == rows_before
+    assert sum(rows_before.values()) == appends * 250
+    assert {key: read_progress(spark, ident, key) for key in progress_before} == progress_before
+    assert progress_before == {
+        OFFSETS_KEY: offsets_summary(TOPIC, {0: appends * 250}),
+        CHECKPOINT_KEY: f"batch-{checkpoint_until - 1}",
+    }
+    remaining = snapshot_ids(spark, ident)
+    assert checkpoint_snapshot in remaining  # capped: the old progress snapshot survived retain_last=1
+    assert not remaining & older  # everything older than it was expired
+    assert len(remaining) < len(snapshots_before)
+    assert (report.before.data_files, report.after.data_files) == (files_before, files_after)
+    assert report.after.snapshots == len(remaining)
+    assert report.before.delete_files == report.after.delete_files == 0
+    # Sorted by productId within each day: the scan for one product in one day plans one file.
+    assert one_product_day_files(pyiceberg_catalog, name) == 1
+    assert scanned_before >= 5
+
+
+@stack
+def test_orphan_removal_deletes_only_old_unreferenced_files(spark, lake_config, drop_after):
+    ident = create_clicks(spark, "ods_behavior.maint_test_orphans")
+    drop_after(ident)
+    for batch in range(2):
+        append_batch(spark, ident, batch, rows=100)
+    location = spark.sql(f"DESCRIBE TABLE EXTENDED {ident}").where("col_name = 'Location'").first()[1]
+    data_dir = Path(location.removeprefix("file:")) / "data"
+    old_orphan, fresh_orphan = data_dir / "orphan-old.parquet", data_dir / "orphan-fresh.parquet"
+    for path in (old_orphan, fresh_orphan):
+        path.write_bytes(b"not referenced by any snapshot")
+    four_days_ago = time.time() - 4 * 86_400
+    os.utime(old_orphan, (four_days_ago, four_days_ago))
+
+    report = maintain_table(spark, lake_config, "ods_behavior.maint_test_orphans", MaintainSettings())
+
+    assert not old_orphan.exists()
+    assert fresh_orphan.exists()  # younger than the 72 h minimum age: may belong to a commit in flight
+    assert "removed 1 files" in report.steps["remove_orphan_files"]
+    assert spark.table(ident).count() == 200
+
+
+@stack
+def test_maintenance_while_appending_loses_nothing(spark, lake_config, drop_after):
+    ident = create_clicks(spark, "ods_behavior.maint_test_concurrent")
+    drop_after(ident)
+    rows, initial = 200, 8
+    for batch in range(initial):
+        append_batch(spark, ident, batch, rows)
+    maintenance_done = threading.Event()
+    appended: list[int] = []
+    errors: list[BaseException] = []
+
+    def keep_appending() -> None:
+        try:
+            batch = initial
+            while not maintenance_done.is_set() or len(appended) < 3:
+                append_batch(spark, ident, batch, rows)
+                appended.append(batch)
+                batch += 1
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the assertion below
+            errors.append(exc)
+
+    writer = threading.Thread(target=keep_appending, daemon=True)
+    writer.start()
+    try:
+        report = maintain_table(spark, lake_config, "ods_behavior.maint_test_concurrent", AGGRESSIVE)
+    finally:
+        maintenance_done.set()
+        writer.join(120)
+    assert not errors, errors
+    assert not writer.is_alive()
+    batches = initial + len(appended)
+    offsets = [r[0] for r in spark.sql(f"SELECT kafka_offset FROM {ident}").collect()]
+    assert len(offsets) == batches * rows
+    assert set(offsets) == set(range(batches * rows))
+    assert read_progress(spark, ident, OFFSETS_KEY) == offsets_summary(TOPIC, {0: batches * rows})
+    assert report.after.data_files < report.before.data_files + len(appended) * 2 * DAYS
+
+
+@stack
+def test_unknown_table_exits_2_with_the_known_tables(spark, monkeypatch, caplog):
+    monkeypatch.setattr("jobs.maintain.stop_spark", lambda _: None)  # keep the session's Spark running
+    assert main(["--table", "ods_behavior.maint_no_such_table"]) == 2
+    assert "no such table in catalog lakehouse: ods_behavior.maint_no_such_table" in caplog.text
+    assert "Lake tables: " in caplog.text
+
+
+@stack
+def test_cli_maintains_a_table(spark, drop_after):
+    ident = create_clicks(spark, "ods_behavior.maint_test_cli")
+    drop_after(ident)
+    for batch in range(6):
+        append_batch(spark, ident, batch, rows=100)
+    files_before = count_of(spark, ident, "data_files")
+
+    result = run_cli("run", "maintain", "--table", "ods_behavior.maint_test_cli", "--skip-orphans")
+
+    files_after = count_of(spark, ident, "data_files")
+    assert files_after < files_before
+    assert "ods_behavior.maint_test_cli" in result.stdout
+    assert f"{files_before} -> {files_after}" in result.stdout
+    for step in ("rewrite_data_files", "rewrite_manifests", "expire_snapshots"):
+        assert f"ods_behavior.maint_test_cli: {step}" in result.stderr
+    assert "remove_orphan_files" not in result.stderr
+    assert spark.table(ident).count() == 600
