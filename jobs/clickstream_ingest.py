@@ -4,9 +4,12 @@ Each micro-batch:
 1. plans one offset range per partition, starting where the tables' snapshots say (the offsets are
    committed in the snapshot summary together with the rows, key `lakehouse.kafka.offsets`);
 2. lets executor tasks fetch and validate the records (`clickstream.kafka_source`), materialized
-   once so both writes see the same records;
+   once so both writes see the same records; the per-partition end offsets are observed in that
+   same pass;
 3. enriches valid events with `dim_db.products` re-read this batch, appends them to the fact table
-   and the invalid ones to the rejects table, each commit carrying the batch's end offsets.
+   and the invalid ones to the rejects table, each commit carrying the batch's end offsets. A batch
+   without rejects skips the rejects commit (its offsets are stored by a later one, at the latest
+   after `rejects_commit_seconds` or on a clean stop).
 
 A table only receives records at or after its own stored offset, so a crash between the two
 commits, a kill -9 or a replay never duplicates anything. Run as `lakehouse run ingest` locally;
@@ -29,9 +32,11 @@ from jobs.clickstream.kafka_auth import kafka_client_config
 from jobs.clickstream.kafka_source import (
     BrokerUnavailable,
     FetchSettings,
+    PartitionStats,
+    TopicMetadata,
     fetch_ranges,
+    materialize_with_stats,
     plan_ranges,
-    topic_partitions,
 )
 from jobs.clickstream.products_dimension import ensure_products_dimension, read_products
 from jobs.clickstream.schema import (
@@ -68,6 +73,7 @@ class IngestSettings:
     products_table: str
     fetch: FetchSettings = field(default_factory=FetchSettings)
     max_backoff_seconds: float = 30.0
+    rejects_commit_seconds: float = 30.0  # longest gap between rejects commits when none arrive
 
 
 # ---- offsets in snapshot summaries -----------------------------------------------------------------
@@ -97,6 +103,8 @@ class BatchResult:
     rejects: int = 0
     end_offsets: Offsets = field(default_factory=dict)
     commit_ms: float = 0.0
+    fetch_ms: float = 0.0
+    fact_commit_ms: float = 0.0
     lag_seconds: float | None = None
 
 
@@ -119,6 +127,9 @@ class ClickstreamIngest:
         self._client_config_factory = lambda: kafka_client_config(kafka)
         self.fact_offsets: Offsets = {}
         self.reject_offsets: Offsets = {}
+        self._metadata = TopicMetadata(self._client_config_factory)
+        self._rejects_committed_at = time.monotonic()
+        self._committed_reject_offsets: Offsets = {}
 
     def prepare(self) -> None:
         ddl = fact_table_ddl(self.settings.fact_table) + rejects_table_ddl(self.settings.rejects_table)
@@ -127,6 +138,7 @@ class ClickstreamIngest:
         ensure_products_dimension(self.spark, self.config, self.settings.products_table)
         self.fact_offsets = stored_offsets(self.spark, self.settings.fact_table, self.settings.topic)
         self.reject_offsets = stored_offsets(self.spark, self.settings.rejects_table, self.settings.topic)
+        self._committed_reject_offsets = dict(self.reject_offsets)
         log.info(
             "resuming %s from fact offsets %s, rejects offsets %s",
             self.settings.topic,
@@ -137,34 +149,35 @@ class ClickstreamIngest:
     # -- one micro-batch --
 
     def run_batch(self) -> int:
+        began = time.monotonic()
         fetched = self._fetch_with_retry()
         if fetched is None:
             return 0
-        per_partition = (
-            fetched.groupBy("kafka_partition")
-            .agg(
-                F.max("kafka_offset").alias("last_offset"),
-                F.count(F.lit(1)).alias("records"),
-                F.count("reject_reason").alias("rejects"),
-                F.max("kafka_timestamp_ms").alias("newest_ms"),
-            )
-            .collect()
-        )
-        if not per_partition:
-            return 0
+        batch, partitions, stats = fetched
         result = BatchResult(
-            records=sum(r["records"] for r in per_partition),
-            rejects=sum(r["rejects"] for r in per_partition),
+            records=sum(s.records for s in stats.values()),
+            rejects=sum(s.rejects for s in stats.values()),
         )
+        if not result.records:
+            return 0
         result.valid = result.records - result.rejects
         # The batch's end is defined by what was read, never by the broker's watermark.
-        result.end_offsets = {r["kafka_partition"]: r["last_offset"] + 1 for r in per_partition}
-        newest_ms = max((r["newest_ms"] or 0) for r in per_partition)
-        self._commit(fetched, result)
+        result.end_offsets = {p: s.last_offset + 1 for p, s in stats.items() if s.records}
+        newest_ms = max((s.newest_ms or 0) for s in stats.values())
+        result.fetch_ms = (time.monotonic() - began) * 1000
+        self._commit(batch, partitions, result)
         result.lag_seconds = max(0.0, time.time() - newest_ms / 1000) if newest_ms else None
         self.batches += 1
         self._log_batch(result)
         return result.records
+
+    def finish(self) -> None:
+        """On a clean stop: store the rejects offsets that batches without rejects moved on."""
+        if self.reject_offsets != self._committed_reject_offsets:
+            nothing = self.spark.table(self.settings.rejects_table).where(F.lit(False))
+            self._append(self.settings.rejects_table, nothing, self.reject_offsets)
+            self._committed_reject_offsets = dict(self.reject_offsets)
+        self._metadata.close()
 
     def _starts(self, partitions: list[int]) -> tuple[Offsets, Offsets, Offsets]:
         fact = {p: self.fact_offsets.get(p, 0) for p in partitions}
@@ -172,20 +185,21 @@ class ClickstreamIngest:
         fetch = {p: min(fact[p], rejects[p]) for p in partitions}
         return fact, rejects, fetch
 
-    def _fetch_with_retry(self) -> DataFrame | None:
+    def _fetch_with_retry(self) -> tuple[DataFrame, list[int], dict[int, PartitionStats]] | None:
         """Plan and fetch one batch; while the broker is down, back off and retry (never crash)."""
         delay = 1.0
         while not self.stop.requested:
             try:
-                partitions = topic_partitions(self._client_config_factory(), self.settings.topic)
+                partitions = self._metadata.partitions(self.settings.topic)
                 _, _, starts = self._starts(partitions)
                 ranges = plan_ranges(
                     self.settings.topic, partitions, starts, self.settings.fetch.max_records_per_partition
                 )
-                self._partitions = partitions
                 fetched = fetch_ranges(self.spark, self._client_config_factory, ranges, self.settings.fetch)
-                # Materialize once: both tables and the end offsets must come from the same records.
-                return fetched.localCheckpoint(eager=True)
+                # Materialized once: both tables and the end offsets come from the same records. The
+                # per-partition stats are observed while materializing (no second pass).
+                batch, stats = materialize_with_stats(fetched, partitions)
+                return batch, partitions, stats
             except Exception as exc:  # noqa: BLE001 - Py4J wraps executor errors; classify by text
                 if not isinstance(exc, BrokerUnavailable) and "BrokerUnavailable" not in str(exc):
                     raise
@@ -200,8 +214,8 @@ class ClickstreamIngest:
                 delay = min(delay * 2, self.settings.max_backoff_seconds)
         return None
 
-    def _commit(self, fetched: DataFrame, result: BatchResult) -> None:
-        fact_starts, reject_starts, _ = self._starts(self._partitions)
+    def _commit(self, fetched: DataFrame, partitions: list[int], result: BatchResult) -> None:
+        fact_starts, reject_starts, _ = self._starts(partitions)
         new_fact = {**self.fact_offsets, **result.end_offsets}
         new_rejects = {**self.reject_offsets, **result.end_offsets}
         ingested_at = F.current_timestamp()
@@ -209,29 +223,43 @@ class ClickstreamIngest:
         fact_rows = to_click_events(
             valid_click_events(fetched).where(offsets_at_or_after(fact_starts)), products, ingested_at
         )
-        reject_rows = to_rejects(
-            rejected_records(fetched).where(offsets_at_or_after(reject_starts)), ingested_at
-        )
         began = time.monotonic()
         self._append(self.settings.fact_table, fact_rows, new_fact)
         self.fact_offsets = new_fact
-        self._append(self.settings.rejects_table, reject_rows, new_rejects)
+        result.fact_commit_ms = (time.monotonic() - began) * 1000
+        # A batch without rejects needs no rejects commit: its records are known to hold none, so the
+        # in-memory offsets move on and a later commit (or `finish`) stores them. Committing anyway
+        # every `rejects_commit_seconds` bounds what a restart after a crash re-reads.
+        if result.rejects or began - self._rejects_committed_at >= self.settings.rejects_commit_seconds:
+            reject_rows = to_rejects(
+                rejected_records(fetched).where(offsets_at_or_after(reject_starts)), ingested_at
+            )
+            self._append(self.settings.rejects_table, reject_rows, new_rejects)
+            self._rejects_committed_at = time.monotonic()
+            self._committed_reject_offsets = new_rejects
         self.reject_offsets = new_rejects
         result.commit_ms = (time.monotonic() - began) * 1000
 
     def _append(self, table: str, rows: DataFrame, offsets: Offsets) -> None:
         summary = {OFFSETS_KEY: offsets_summary(self.settings.topic, offsets)}
 
+        # No shuffle before the write: each fetch task writes its rows itself (still sorted within
+        # files by the table's order). A micro-batch's rows are few and mostly of one day, so
+        # clustering them by partition first cost a whole extra stage per batch; compaction
+        # merges the small files later.
+        options = {**writer_options(summary), "distribution-mode": "none"}
+
         @retry_commit()
         def append() -> None:
-            rows.writeTo(table).options(**writer_options(summary)).append()
+            rows.writeTo(table).options(**options).append()
 
         append()
 
     def _log_batch(self, r: BatchResult) -> None:
         lag = "n/a" if r.lag_seconds is None else f"{r.lag_seconds:.1f}"
         log.info(
-            "batch %d: records=%d valid=%d rejects=%d offsets=%s commit_ms=%.0f lag_s=%s",
+            "batch %d: records=%d valid=%d rejects=%d offsets=%s commit_ms=%.0f lag_s=%s fetch_ms=%.0f"
+            " fact_commit_ms=%.0f",
             self.batches,
             r.records,
             r.valid,
@@ -239,6 +267,8 @@ class ClickstreamIngest:
             json.dumps({str(p): o for p, o in sorted(r.end_offsets.items())}),
             r.commit_ms,
             lag,
+            r.fetch_ms,
+            r.fact_commit_ms,
         )
 
 
@@ -295,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         ingest = ClickstreamIngest(spark, config, settings, stop)
         ingest.prepare()
         total = run_batches(ingest.run_batch, RunMode.from_args(args), stop)
+        ingest.finish()
         log.info("stopped after %d batches, %d records", ingest.batches, total)
     finally:
         stop_spark(spark)

@@ -10,9 +10,11 @@ import pytest
 
 from jobs.clickstream.validation import (
     MAX_PAYLOAD_BYTES,
+    REQUIRED_FIELDS,
     ClickEvent,
     Rejected,
     classify_payload,
+    valid_event_values,
 )
 
 NOW_MS = 1_763_700_000_000  # 2025-11-21
@@ -34,30 +36,54 @@ def test_valid_event_is_parsed_with_its_values():
     assert classify_payload(payload(), NOW_MS) == ClickEvent(**EVENT)
 
 
-@pytest.mark.parametrize(
-    ("raw", "reason"),
-    [
-        (b"{not json", "not_json"),
-        (b"", "not_json"),
-        (None, "not_json"),
-        (b"[1, 2]", "not_object: list"),
-        (b'"click"', "not_object: str"),
-        (json.dumps({k: v for k, v in EVENT.items() if k != "uid"}).encode(), "missing_field: uid"),
-        (payload(productId=None), "null_field: productId"),
-        (payload(webpageId="12"), "wrong_type: webpageId is str, not int"),
-        (payload(uid=513248), "wrong_type: uid is int, not str"),
-        (payload(expendTime=True), "wrong_type: expendTime is bool, not int"),
-        (payload(expendTime=1.5), "wrong_type: expendTime is float, not int"),
-        (payload(webpageId=2**40), "wrong_type: webpageId out of range"),
-        (payload(updateTime=946_684_799_999), "update_time_out_of_range"),
-        (payload(updateTime=NOW_MS + 24 * 3600 * 1000 + 1), "update_time_out_of_range"),
-        (payload(padding="x" * MAX_PAYLOAD_BYTES), "payload_too_large"),
-    ],
-)
+MALFORMED = [
+    (b"{not json", "not_json"),
+    (b"", "not_json"),
+    (None, "not_json"),
+    (b"[1, 2]", "not_object: list"),
+    (b'"click"', "not_object: str"),
+    (json.dumps({k: v for k, v in EVENT.items() if k != "uid"}).encode(), "missing_field: uid"),
+    (payload(productId=None), "null_field: productId"),
+    (payload(webpageId="12"), "wrong_type: webpageId is str, not int"),
+    (payload(uid=513248), "wrong_type: uid is int, not str"),
+    (payload(expendTime=True), "wrong_type: expendTime is bool, not int"),
+    (payload(expendTime=1.5), "wrong_type: expendTime is float, not int"),
+    (payload(webpageId=2**40), "wrong_type: webpageId out of range"),
+    (payload(updateTime=946_684_799_999), "update_time_out_of_range"),
+    (payload(updateTime=NOW_MS + 24 * 3600 * 1000 + 1), "update_time_out_of_range"),
+    (payload(padding="x" * MAX_PAYLOAD_BYTES), "payload_too_large"),
+    (b'{"uid": "\xff\xfe"}', "not_utf8"),
+    (payload(updateTime=2**63), "wrong_type: updateTime out of range"),
+    (payload(cookieId=["a"]), "wrong_type: cookieId is list, not str"),
+]
+
+
+@pytest.mark.parametrize(("raw", "reason"), MALFORMED)
 def test_each_malformed_kind_has_its_reason(raw, reason):
     result = classify_payload(raw, NOW_MS)
     assert isinstance(result, Rejected)
     assert result.reason == reason
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        payload(),
+        payload(updateTime=946_684_800_000),
+        payload(updateTime=NOW_MS + 24 * 3600 * 1000),
+        payload(webpageId=-(2**31), expendTime=2**31 - 1, uid="", extra={"nested": [1]}),
+        b'{"uid":"1","webpageId":1,"productId":"p","cookieId":"c","expendTime":0,"updateTime":'
+        + str(NOW_MS).encode()
+        + b',"uid":"2"}',  # duplicate key: the last one wins, as in json.loads
+        *(raw for raw, _ in MALFORMED),
+    ],
+)
+def test_fast_path_accepts_exactly_what_classify_payload_accepts(raw):
+    verdict = classify_payload(raw, NOW_MS)
+    expected = (
+        tuple(getattr(verdict, f) for f in REQUIRED_FIELDS) if isinstance(verdict, ClickEvent) else None
+    )
+    assert valid_event_values(raw, NOW_MS) == expected
 
 
 def test_edges_of_the_update_time_window_are_accepted():

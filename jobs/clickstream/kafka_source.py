@@ -1,12 +1,18 @@
 """Kafka as a micro-batch source: the driver plans per-partition ranges, executor tasks fetch them.
 
 The broker's high watermark cannot be trusted (see docs), so a range has a start and a cap, not an
-end: a task reads from `start` until a poll comes back empty or `max_records` were read. The batch's
-end offsets are then taken from the records actually read (max offset + 1 per partition).
+end: a task reads from `start` until a poll comes back short (it drained what the broker had) or
+`max_records` were read. The batch's end offsets are then taken from the records actually read
+(max offset + 1 per partition), observed while the batch is materialized.
+
+Executors keep one consumer per partition between batches (like Spark's own Kafka source), so a
+batch's task finds the records already prefetched; validation builds Arrow columns directly, with a
+fast path for valid events.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -15,23 +21,15 @@ from functools import cache
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+from pyspark.sql import functions as F
 
 from jobs.clickstream.schema import FETCHED_RECORD
-from jobs.clickstream.validation import ClickEvent, classify_payload
+from jobs.clickstream.validation import REQUIRED_FIELDS, ClickEvent, classify_payload, valid_event_values
 
 log = logging.getLogger(__name__)
 
 # The consumer never joins this group (partitions are assigned); librdkafka just wants an id.
 FETCH_GROUP_ID = "lakehouse-clickstream-ingest"
-_PLAN_SCHEMA = StructType(
-    [
-        StructField("topic", StringType(), False),
-        StructField("partition", IntegerType(), False),
-        StructField("start", LongType(), False),
-        StructField("max_records", LongType(), False),
-    ]
-)
 
 
 class BrokerUnavailable(RuntimeError):
@@ -49,7 +47,8 @@ class OffsetRange:
 @dataclass(frozen=True)
 class FetchSettings:
     max_records_per_partition: int = 200_000
-    first_poll_seconds: float = 1.0  # wait this long for the first record of a range
+    first_poll_seconds: float = 1.0  # a new assignment waits this long for records to flow
+    warm_first_poll_seconds: float = 0.25  # a kept one (its fetches are already running) this long
     idle_poll_seconds: float = 0.1  # then a poll that comes back short means "caught up"
     max_fetch_seconds: float = 10.0  # a range never takes longer than this to read
     poll_batch: int = 10_000
@@ -75,52 +74,85 @@ def _consumer(client_config: dict[str, object]) -> Consumer:
     )
 
 
-def topic_partitions(client_config: dict[str, object], topic: str, timeout: float = 5.0) -> list[int]:
-    """Partition ids of `topic` (driver side). Raises BrokerUnavailable when it cannot tell."""
-    consumer = _consumer(client_config)
-    try:
-        metadata = consumer.list_topics(topic, timeout=timeout)
-    except KafkaException as exc:
-        raise BrokerUnavailable(str(exc)) from exc
-    finally:
-        consumer.close()
-    found = metadata.topics.get(topic)
-    if found is None or found.error is not None or not found.partitions:
-        raise BrokerUnavailable(f"topic {topic!r} not available: {found.error if found else 'missing'}")
-    return sorted(found.partitions)
+class TopicMetadata:
+    """Driver side: a topic's partition ids, asked of the broker every batch over one connection.
+
+    Asking every batch notices new partitions and an unreachable broker; keeping the client saves
+    a connect per batch.
+    """
+
+    def __init__(self, client_config_factory: Callable[[], dict[str, object]], timeout: float = 5.0) -> None:
+        self._client_config_factory = client_config_factory
+        self._timeout = timeout
+        self._client: Consumer | None = None
+
+    def partitions(self, topic: str) -> list[int]:
+        """Partition ids of `topic`. Raises BrokerUnavailable when it cannot tell."""
+        if self._client is None:
+            self._client = _consumer(self._client_config_factory())
+        try:
+            metadata = self._client.list_topics(topic, timeout=self._timeout)
+        except KafkaException as exc:
+            raise BrokerUnavailable(str(exc)) from exc
+        found = metadata.topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            raise BrokerUnavailable(f"topic {topic!r} not available: {found.error if found else 'missing'}")
+        return sorted(found.partitions)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
 
-class _Columns:
-    """Column buffers for one Arrow batch of fetched records."""
+_EVENT_FIELDS = tuple(REQUIRED_FIELDS)  # the order `valid_event_values` returns them in
+_REJECT_FIELDS = ("reject_reason", "raw_payload", "payload_is_base64")
 
-    def __init__(self) -> None:
-        self.values: dict[str, list] = {field.name: [] for field in FETCHED_RECORD.fields}
 
-    def add(self, partition: int, offset: int, timestamp_ms: int | None, parsed) -> None:
-        v = self.values
-        v["kafka_partition"].append(partition)
-        v["kafka_offset"].append(offset)
-        v["kafka_timestamp_ms"].append(timestamp_ms)
-        if isinstance(parsed, ClickEvent):
-            v["reject_reason"].append(None)
-            v["raw_payload"].append(None)
-            v["payload_is_base64"].append(None)
-            for name in ("webpageId", "uid", "productId", "cookieId", "expendTime", "updateTime"):
-                v[name].append(getattr(parsed, name))
-        else:
-            v["reject_reason"].append(parsed.reason)
-            v["raw_payload"].append(parsed.raw_payload)
-            v["payload_is_base64"].append(parsed.payload_is_base64)
-            for name in ("webpageId", "uid", "productId", "cookieId", "expendTime", "updateTime"):
-                v[name].append(None)
+def _arrow_batch(partition: int, messages: list, now_ms: int):
+    """One Arrow batch (FETCHED_RECORD) of classified records, built column-wise.
 
-    def __len__(self) -> int:
-        return len(self.values["kafka_offset"])
+    Valid events take `valid_event_values` (a few C-level checks); only the others go through
+    `classify_payload` to learn why they are rejected.
+    """
+    import pyarrow as pa
 
-    def to_arrow(self):
-        import pyarrow as pa
-
-        return pa.RecordBatch.from_pydict(self.values, schema=_fetched_arrow_schema())
+    schema = _fetched_arrow_schema()
+    values = [message.value() for message in messages]
+    parsed = [valid_event_values(value, now_ms) for value in values]
+    n = len(messages)
+    reasons: list | None = None
+    if None in parsed:
+        reasons, raw, is_base64 = [None] * n, [None] * n, [None] * n
+        for i, value in enumerate(values):
+            if parsed[i] is not None:
+                continue
+            verdict = classify_payload(value, now_ms)
+            if isinstance(verdict, ClickEvent):  # the two agree (tested); this only guards drift
+                parsed[i] = tuple(getattr(verdict, name) for name in _EVENT_FIELDS)
+                continue
+            reasons[i], raw[i], is_base64[i] = verdict.reason, verdict.raw_payload, verdict.payload_is_base64
+    if reasons is None:
+        event_columns = list(zip(*parsed, strict=True))
+        reject_arrays = [pa.nulls(n, schema.field(name).type) for name in _REJECT_FIELDS]
+    else:
+        empty = (None,) * len(_EVENT_FIELDS)
+        event_columns = list(zip(*(row or empty for row in parsed), strict=True))
+        reject_arrays = [
+            pa.array(column, schema.field(name).type)
+            for name, column in zip(_REJECT_FIELDS, (reasons, raw, is_base64), strict=True)
+        ]
+    arrays = [
+        pa.array([partition] * n, pa.int32()),
+        pa.array([message.offset() for message in messages], pa.int64()),
+        pa.array([message.timestamp()[1] for message in messages], pa.int64()),
+        *reject_arrays,
+        *(
+            pa.array(column, schema.field(name).type)
+            for name, column in zip(_EVENT_FIELDS, event_columns, strict=True)
+        ),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 @cache
@@ -133,49 +165,134 @@ def _fetched_arrow_schema():
 _BROKER_DOWN_CODES = {KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE}
 
 
+class _PartitionReader:
+    """A consumer assigned to one partition, kept in the executor's Python worker between batches.
+
+    Like Spark's own Kafka source (its executor-side consumer cache): the consumer keeps its
+    connection and keeps prefetching while the driver commits, so the next batch's task finds the
+    records already queued instead of paying a connect and a first fetch. `position` is the offset
+    the next `consume` returns; a task that starts anywhere else re-assigns (e.g. after a failed
+    batch), so what is read never depends on what an earlier task did.
+    """
+
+    def __init__(self, client_config: dict[str, object], topic: str, partition: int) -> None:
+        self.errors: list[KafkaError] = []
+        self.consumer = _consumer({**client_config, "error_cb": self.errors.append})
+        self.topic = topic
+        self.partition = partition
+        self.position: int | None = None
+        self.warm = False  # already positioned at the task's start, fetching in the background
+        self.assigned_at = time.monotonic()
+        self.last_used = time.monotonic()
+
+    def start_at(self, offset: int) -> None:
+        self.errors.clear()
+        self.last_used = time.monotonic()
+        if self.position is not None and self.position < offset:
+            self._skip_to(offset)
+        self.warm = self.position == offset
+        if not self.warm:
+            self.consumer.assign([TopicPartition(self.topic, self.partition, offset)])
+            self.position = offset
+            self.assigned_at = time.monotonic()
+
+    def _skip_to(self, offset: int) -> None:
+        """Move on to `offset` through records already prefetched (another worker read them since);
+        anything else (not prefetched yet, or a gap in the offsets) leaves a re-assign to do."""
+        while self.position is not None and self.position < offset:
+            messages = self.consumer.consume(min(offset - self.position, 10_000), timeout=0)
+            if not messages:
+                return
+            for message in messages:
+                if message.error() is None:
+                    self.position = message.offset() + 1
+        if self.position != offset:
+            self.position = None  # went past it: re-assign
+
+    def consume(self, count: int, timeout: float) -> list:
+        messages = self.consumer.consume(count, timeout=timeout)
+        for message in messages:
+            if message.error() is None:
+                self.position = message.offset() + 1
+        return messages
+
+    def close(self) -> None:
+        try:
+            self.consumer.close()
+        except (KafkaException, RuntimeError):  # already closed or broker gone: nothing to release
+            pass
+
+
+_READERS: dict[tuple, _PartitionReader] = {}
+READER_IDLE_SECONDS = 120.0  # a reader unused this long is closed (partition moved elsewhere)
+
+
+def _reader_key(client_config: dict[str, object], topic: str, partition: int) -> tuple:
+    # Callables (the MSK token callback) are new objects per task: key on the plain settings only.
+    plain = tuple(sorted((k, v) for k, v in client_config.items() if isinstance(v, str | int | float | bool)))
+    return plain, topic, partition
+
+
+def _reader(client_config: dict[str, object], plan: OffsetRange) -> _PartitionReader:
+    now = time.monotonic()
+    for key, idle in list(_READERS.items()):
+        if now - idle.last_used > READER_IDLE_SECONDS:
+            _READERS.pop(key).close()
+    key = _reader_key(client_config, plan.topic, plan.partition)
+    reader = _READERS.get(key)
+    if reader is None:
+        reader = _READERS[key] = _PartitionReader(client_config, plan.topic, plan.partition)
+    reader.start_at(plan.start)
+    return reader
+
+
 def fetch_range(client_config: dict[str, object], plan: OffsetRange, settings: FetchSettings) -> Iterator:
     """Executor side: read `plan` and yield Arrow batches of classified records."""
-    errors: list[KafkaError] = []
-    consumer = _consumer({**client_config, "error_cb": errors.append})
+    reader = _reader(client_config, plan)
     try:
-        consumer.assign([TopicPartition(plan.topic, plan.partition, plan.start)])
-        read = 0
-        began = time.monotonic()
-        timeout = settings.first_poll_seconds
-        while read < plan.max_records:
-            requested = min(settings.poll_batch, plan.max_records - read)
-            messages = consumer.consume(requested, timeout=timeout)
-            if not messages:
-                break
-            timeout = settings.idle_poll_seconds
-            now_ms = int(time.time() * 1000)
-            columns = _Columns()
-            for message in messages:
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise BrokerUnavailable(f"fetch {plan.topic}[{plan.partition}] failed: {error}")
-                _, timestamp_ms = message.timestamp()
-                columns.add(
-                    message.partition(),
-                    message.offset(),
-                    timestamp_ms,
-                    classify_payload(message.value(), now_ms),
-                )
-            read += len(messages)
-            if len(columns):
-                yield columns.to_arrow()
-            # A short poll means the fetch drained what the broker had (the "caught up" signal we
-            # use instead of the watermark); under a steady stream it ends the range promptly.
-            if len(messages) < requested or time.monotonic() - began >= settings.max_fetch_seconds:
-                break
-        if read == 0 and any(e.code() in _BROKER_DOWN_CODES for e in errors):
-            raise BrokerUnavailable(
-                f"broker unreachable while fetching {plan.topic}[{plan.partition}]: {errors[-1]}"
-            )
-    finally:
-        consumer.close()
+        yield from _read_range(reader, plan, settings)
+    except BaseException:
+        # Unknown state (an error mid-range, or the task was cancelled): start clean next time.
+        _READERS.pop(_reader_key(client_config, plan.topic, plan.partition), None)
+        reader.close()
+        raise
+
+
+def _read_range(reader: _PartitionReader, plan: OffsetRange, settings: FetchSettings) -> Iterator:
+    read = 0
+    began = time.monotonic()
+    # Wait for the first record only as long as it takes to arrive (consume returns once it has
+    # `count` records or the timeout passed, so ask for one), then in polls of up to poll_batch.
+    first_poll = settings.warm_first_poll_seconds if reader.warm else settings.first_poll_seconds
+    messages = reader.consume(1, first_poll)
+    requested = 1
+    # A consumer just (re)assigned has no prefetched records yet and fetches in small steps at
+    # first: a short poll then says nothing about being caught up, so until `first_poll_seconds`
+    # after the assign a poll may wait that long to fill up.
+    ramped_up_at = reader.assigned_at + settings.first_poll_seconds
+    while messages:
+        records = []
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise BrokerUnavailable(f"fetch {plan.topic}[{plan.partition}] failed: {error}")
+            records.append(message)
+        read += len(messages)
+        if records:
+            yield _arrow_batch(plan.partition, records, int(time.time() * 1000))
+        # A short poll means the fetch drained what the broker had (the "caught up" signal we
+        # use instead of the watermark); under a steady stream it ends the range promptly.
+        short = len(messages) < requested and requested > 1
+        if short or read >= plan.max_records or time.monotonic() - began >= settings.max_fetch_seconds:
+            break
+        requested = min(settings.poll_batch, plan.max_records - read)
+        messages = reader.consume(requested, max(settings.idle_poll_seconds, ramped_up_at - time.monotonic()))
+    if read == 0 and any(e.code() in _BROKER_DOWN_CODES for e in reader.errors):
+        raise BrokerUnavailable(
+            f"broker unreachable while fetching {plan.topic}[{plan.partition}]: {reader.errors[-1]}"
+        )
 
 
 def fetch_ranges(
@@ -184,9 +301,24 @@ def fetch_ranges(
     ranges: list[OffsetRange],
     settings: FetchSettings,
 ) -> DataFrame:
-    """One Spark task per range; the tasks (on executors) connect to Kafka themselves."""
-    rows = [(r.topic, r.partition, r.start, r.max_records) for r in ranges]
-    plan = spark.createDataFrame(spark.sparkContext.parallelize(rows, max(1, len(rows))), _PLAN_SCHEMA)
+    """Spark tasks read the ranges (on executors; they connect to Kafka themselves).
+
+    At most one task per core, so a batch is one wave of tasks: a task with several ranges reads
+    them one after the other, while the readers of the later ones keep prefetching. The plan rows
+    come from `spark.range` (JVM only), so the only Python a task runs is the fetch itself.
+    """
+    tasks = max(1, min(len(ranges), spark.sparkContext.defaultParallelism))
+    index = F.col("id").cast("int") + 1
+
+    def pick(values: list, kind: str):
+        return F.element_at(F.array(*[F.lit(v).cast(kind) for v in values]), index)
+
+    plan = spark.range(0, len(ranges), 1, tasks).select(
+        pick([r.topic for r in ranges], "string").alias("topic"),
+        pick([r.partition for r in ranges], "int").alias("partition"),
+        pick([r.start for r in ranges], "bigint").alias("start"),
+        pick([r.max_records for r in ranges], "bigint").alias("max_records"),
+    )
 
     def fetch(plan_batches):
         client_config = client_config_factory()
@@ -195,3 +327,48 @@ def fetch_ranges(
                 yield from fetch_range(client_config, OffsetRange(**row), settings)
 
     return plan.mapInArrow(fetch, FETCHED_RECORD)
+
+
+@dataclass(frozen=True)
+class PartitionStats:
+    records: int
+    rejects: int
+    last_offset: int | None  # None when nothing was read
+    newest_ms: int | None  # newest Kafka timestamp read
+
+
+_observations = itertools.count()
+
+
+def materialize_with_stats(
+    fetched: DataFrame, partitions: list[int]
+) -> tuple[DataFrame, dict[int, PartitionStats]]:
+    """Run the fetch once (local checkpoint) and observe per-partition stats in the same pass.
+
+    The stats are what the end offsets are built from, so they must describe exactly the records
+    that were materialized: an Observation reports the metrics of that very execution.
+    """
+    from pyspark.sql import Observation
+
+    columns = []
+    for p in partitions:
+        hit = F.col("kafka_partition") == p
+        columns += [
+            F.count(F.when(hit, 1)).alias(f"records_{p}"),
+            F.count(F.when(hit, F.col("reject_reason"))).alias(f"rejects_{p}"),
+            F.max(F.when(hit, F.col("kafka_offset"))).alias(f"last_offset_{p}"),
+            F.max(F.when(hit, F.col("kafka_timestamp_ms"))).alias(f"newest_ms_{p}"),
+        ]
+    observation = Observation(f"clickstream_fetch_{next(_observations)}")
+    batch = fetched.observe(observation, *columns).localCheckpoint(eager=True)
+    metrics = observation.get
+    stats = {
+        p: PartitionStats(
+            records=metrics[f"records_{p}"] or 0,
+            rejects=metrics[f"rejects_{p}"] or 0,
+            last_offset=metrics[f"last_offset_{p}"],
+            newest_ms=metrics[f"newest_ms_{p}"],
+        )
+        for p in partitions
+    }
+    return batch, stats

@@ -1,7 +1,7 @@
 """The products dimension the ingest joins with: `lakehouse.dim_db.products`, owned by the CDC job.
 
-Until the CDC job has created it, the ingest creates it (with the CDC job's exact schema) and loads
-it once from MySQL, so events are enriched from the first batch.
+If the ingest starts before the CDC job ever loaded it, the ingest creates it (with the CDC job's
+exact schema) and loads it once from MySQL, so events are enriched from the first batch.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import logging
 from decimal import Decimal
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, StringType, StructField, StructType, TimestampType
 
 from jobs.clickstream.schema import products_table_ddl
@@ -78,7 +79,12 @@ def fetch_source_products(config: LakehouseConfig) -> list[tuple]:
 
 
 def ensure_products_dimension(spark: SparkSession, config: LakehouseConfig, table: str) -> None:
-    """Create and load the dimension from MySQL if nobody has yet (idempotent MERGE on productId)."""
+    """Create and load the dimension from MySQL if nobody has written it yet.
+
+    The CDC job may be loading it at the same moment (its initial snapshot). The load therefore
+    commits only while the table has never been written: a serializable overwrite with no starting
+    snapshot fails validation if any commit landed meanwhile, and then the CDC job's load stands.
+    """
     if spark.catalog.tableExists(table) and _has_snapshot(spark, table):
         return
     for statement in products_table_ddl(table):
@@ -86,11 +92,14 @@ def ensure_products_dimension(spark: SparkSession, config: LakehouseConfig, tabl
     if _has_snapshot(spark, table):
         return
     rows = fetch_source_products(config)
-    spark.createDataFrame(rows, PRODUCTS_SCHEMA).createOrReplaceTempView("source_products")
-    spark.sql(
-        f"""MERGE INTO {table} t USING source_products s ON t.productId = s.productId
-            WHEN NOT MATCHED THEN INSERT *"""
-    )
+    load = spark.createDataFrame(rows, PRODUCTS_SCHEMA).writeTo(table)
+    try:
+        load.option("isolation-level", "serializable").overwrite(F.lit(True))
+    except Exception as exc:  # noqa: BLE001 - py4j wraps Iceberg's ValidationException
+        if "Found conflicting files" not in str(exc):
+            raise
+        log.info("%s was loaded by another job (the CDC job) meanwhile; using that", table)
+        return
     log.info("created %s and loaded %d products from MySQL (the CDC job keeps it current)", table, len(rows))
 
 
