@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,3 +23,38 @@ def run_cli(*args: str, check: bool = True, timeout: float = 300, **kwargs) -> s
             f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
         )
     return result
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def free_port_base(span: int) -> int:
+    """A base port with `span` free ports after it, and after base + 10000 (SeaweedFS gRPC)."""
+    for base in range(41000, 50000, 37):
+        ports = [*range(base, base + span), *range(base + 10001, base + 10000 + span)]
+        if all(_bindable(p) for p in ports):
+            return base
+    raise RuntimeError("no free port block")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def private_stack_env(home: Path) -> dict[str, str]:
+    """Environment for a stack of its own (state dir and ports), apart from the session stack."""
+    return {
+        **os.environ,
+        "LAKEHOUSE_HOME": str(home),
+        "LAKEHOUSE_MYSQL_PORT": str(free_port()),
+        "LAKEHOUSE_KAFKA_PORT": str(free_port()),
+        "LAKEHOUSE_S3_PORT": str(free_port_base(7)),
+    }

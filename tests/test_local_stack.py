@@ -15,43 +15,12 @@ import uuid
 import pymysql
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from support import run_cli
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _free_base(span: int) -> int:
-    """A base port with `span` free ports after it, and after base + 10000 (SeaweedFS gRPC)."""
-    for base in range(41000, 50000, 37):
-        ports = [*range(base, base + span), *range(base + 10001, base + 10000 + span)]
-        if all(_bound_ok(p) for p in ports):
-            return base
-    raise RuntimeError("no free port block")
-
-
-def _bound_ok(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
+from support import free_port, free_port_base, private_stack_env, run_cli
 
 
 @pytest.fixture(scope="module")
 def private_env(tmp_path_factory):
-    home = tmp_path_factory.mktemp("private-stack")
-    env = {
-        **os.environ,
-        "LAKEHOUSE_HOME": str(home),
-        "LAKEHOUSE_MYSQL_PORT": str(_free_port()),
-        "LAKEHOUSE_KAFKA_PORT": str(_free_port()),
-        "LAKEHOUSE_S3_PORT": str(_free_base(7)),
-    }
+    env = private_stack_env(tmp_path_factory.mktemp("private-stack"))
     run_cli("local", "up", env=env)
     yield env
     run_cli("local", "down", "--purge", env=env, check=False)
@@ -215,9 +184,9 @@ def test_down_purge_removes_all_state(tmp_path):
     env = {
         **os.environ,
         "LAKEHOUSE_HOME": str(tmp_path / "purge-me"),
-        "LAKEHOUSE_MYSQL_PORT": str(_free_port()),
-        "LAKEHOUSE_KAFKA_PORT": str(_free_port()),
-        "LAKEHOUSE_S3_PORT": str(_free_base(7)),
+        "LAKEHOUSE_MYSQL_PORT": str(free_port()),
+        "LAKEHOUSE_KAFKA_PORT": str(free_port()),
+        "LAKEHOUSE_S3_PORT": str(free_port_base(7)),
     }
     run_cli("local", "up", env=env)
     assert (tmp_path / "purge-me" / "catalog.db").exists()

@@ -129,8 +129,6 @@ class BinlogReader:
     # ---- the reading thread -------------------------------------------------------------------
 
     def _open(self) -> BinLogStreamReader:
-        schemas = sorted({s for s, _ in self._tables})
-        names = sorted({t for _, t in self._tables})
         return BinLogStreamReader(
             connection_settings=self._settings,
             server_id=self._server_id,
@@ -155,8 +153,11 @@ class BinlogReader:
                 StopEvent,
             ],
             enable_logging=False,  # it would log the connection parameters
-            only_schemas=schemas,
-            only_tables=names,
+            # No only_tables/only_schemas: the library then skips other tables' TableMap events and
+            # keeps a stale table-id entry, so after a server restart reuses the id of a synced table
+            # for another one, that table's rows were parsed with the synced table's columns (seen as
+            # "Result length not requested length" forever). Rows are parsed lazily and `_read`
+            # touches them only for synced tables, so filtering here costs nothing extra.
             slave_heartbeat=5,
         )
 
