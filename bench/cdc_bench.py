@@ -94,7 +94,7 @@ def run() -> list[dict]:
 def _measure(stack, backlog: int, rate: int, seconds: float) -> list[dict]:
     from jobs.cdc_sync import CdcSync, TableSpec
     from jobs.common.run_modes import RunMode, StopRequest, run_batches
-    from jobs.spark_session import build_spark
+    from jobs.spark_session import build_spark, stop_spark
     from lakehouse.config import LakehouseConfig
 
     config = LakehouseConfig.local(stack.settings.home)
@@ -172,6 +172,7 @@ def _measure(stack, backlog: int, rate: int, seconds: float) -> list[dict]:
     stop.set()
     loop.join()
     sync.close()
+    stop_spark(spark)
     conn.close()
     p50, p95 = percentiles(latencies)
     ratio = apply_rate / raw

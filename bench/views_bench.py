@@ -36,7 +36,7 @@ def run() -> list[dict]:
         from jobs.clickstream.schema import fact_table_ddl
         from jobs.common.run_modes import RunMode, StopRequest, run_batches
         from jobs.product_views import ProductViews, ViewsSettings
-        from jobs.spark_session import build_spark
+        from jobs.spark_session import build_spark, stop_spark
         from lakehouse.config import LakehouseConfig
 
         config = LakehouseConfig.local(stack.settings.home)
@@ -70,7 +70,7 @@ def run() -> list[dict]:
             if seen is not None:
                 latencies.append(seen - committed)
         total_views = spark.sql(f"SELECT sum(views) FROM {VIEWS}").collect()[0][0]
-        spark.stop()
+        stop_spark(spark)
     p50, p95 = percentiles(latencies)
     expected = appended * PARTITIONS
     return [

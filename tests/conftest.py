@@ -71,11 +71,13 @@ def lake_config(local_stack):
 
 @pytest.fixture(scope="session")
 def spark(lake_config):
-    from jobs.spark_session import build_spark
+    from jobs.spark_session import build_spark, stop_spark
 
     session = build_spark(lake_config, "tests", {"spark.sql.shuffle.partitions": "2"})
     yield session
-    session.stop()
+    # Also stops py4j's callback server (MERGE commit properties): its threads would keep the
+    # pytest process alive after the last test.
+    stop_spark(session)
 
 
 @pytest.fixture(scope="session")

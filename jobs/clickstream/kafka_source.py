@@ -1,9 +1,10 @@
 """Kafka as a micro-batch source: the driver plans per-partition ranges, executor tasks fetch them.
 
 The broker's high watermark cannot be trusted (see docs), so a range has a start and a cap, not an
-end: a task reads from `start` until a poll comes back short (it drained what the broker had) or
-`max_records` were read. The batch's end offsets are then taken from the records actually read
-(max offset + 1 per partition), observed while the batch is materialized.
+end: a task reads from `start` until a poll comes back empty, or short after a minimum read time
+(it drained what the broker had), or `max_records` were read. The batch's end offsets are then
+taken from the records actually read (max offset + 1 per partition), observed while the batch is
+materialized.
 
 Executors keep one consumer per partition between batches (like Spark's own Kafka source), so a
 batch's task finds the records already prefetched; validation builds Arrow columns directly, with a
@@ -49,7 +50,8 @@ class FetchSettings:
     max_records_per_partition: int = 200_000
     first_poll_seconds: float = 1.0  # a new assignment waits this long for records to flow
     warm_first_poll_seconds: float = 0.25  # a kept one (its fetches are already running) this long
-    idle_poll_seconds: float = 0.1  # then a poll that comes back short means "caught up"
+    idle_poll_seconds: float = 0.1  # then an empty poll means "caught up"...
+    min_fetch_seconds: float = 0.3  # ...and so does a short one after reading this long
     max_fetch_seconds: float = 10.0  # a range never takes longer than this to read
     poll_batch: int = 10_000
 
@@ -282,10 +284,13 @@ def _read_range(reader: _PartitionReader, plan: OffsetRange, settings: FetchSett
         read += len(messages)
         if records:
             yield _arrow_batch(plan.partition, records, int(time.time() * 1000))
-        # A short poll means the fetch drained what the broker had (the "caught up" signal we
-        # use instead of the watermark); under a steady stream it ends the range promptly.
-        short = len(messages) < requested and requested > 1
-        if short or read >= plan.max_records or time.monotonic() - began >= settings.max_fetch_seconds:
+        # Caught up (the signal we use instead of the watermark): an empty poll, or a short one
+        # once the range has been read for min_fetch_seconds. Not any short poll: librdkafka
+        # refills its buffer in fetch-sized chunks, and on a busy box ending at the first short
+        # poll left batches of a handful of records while the lag grew.
+        elapsed = time.monotonic() - began
+        short = len(messages) < requested and elapsed >= settings.min_fetch_seconds
+        if short or read >= plan.max_records or elapsed >= settings.max_fetch_seconds:
             break
         requested = min(settings.poll_batch, plan.max_records - read)
         messages = reader.consume(requested, max(settings.idle_poll_seconds, ramped_up_at - time.monotonic()))
