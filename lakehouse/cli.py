@@ -119,7 +119,7 @@ def sql(query: str, engine: str, fmt: str) -> None:
 
 @main.command()
 @click.option("--seconds", type=float, default=120.0, show_default=True, help="streaming phase length")
-@click.option("--rate", type=float, default=1000.0, show_default=True, help="clicks per second")
+@click.option("--rate", type=float, default=200.0, show_default=True, help="clicks per second")
 def demo(seconds: float, rate: float) -> None:
     """Run the source system's scenario end to end on the embedded stack (`make demo`)."""
     from lakehouse.demo import DemoOptions, run_demo

@@ -50,7 +50,7 @@ STREAMING_JOBS = (
 @dataclass(frozen=True)
 class DemoOptions:
     seconds: float = 120.0
-    rate: float = 1000.0
+    rate: float = 200.0
     bad_ratio: float = 0.01
     ready_timeout: float = 300.0
 
