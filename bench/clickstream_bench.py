@@ -146,8 +146,7 @@ class _VisibleOffsets:
         self._thread.join(5)
 
     def _watch(self) -> None:
-        from jobs.clickstream.schema import OFFSETS_KEY
-        from jobs.clickstream_ingest import offsets_from_summary
+        from jobs.clickstream.schema import OFFSETS_KEY, offsets_from_summary
         from lakehouse.local.catalog import connect
 
         connection = connect(self.catalog_path)

@@ -49,8 +49,7 @@ def click_batch(spark, batch: int, rows: int, appends: int):
 
 
 def build_table(spark, ident: str, appends: int, rows: int) -> None:
-    from jobs.clickstream.schema import OFFSETS_KEY, fact_table_ddl
-    from jobs.clickstream_ingest import offsets_summary
+    from jobs.clickstream.schema import OFFSETS_KEY, fact_table_ddl, offsets_summary
     from jobs.common.snapshot_progress import writer_options
 
     for statement in fact_table_ddl(ident):

@@ -45,6 +45,8 @@ from jobs.clickstream.schema import (
     PRODUCTS_TABLE,
     REJECTS_TABLE,
     fact_table_ddl,
+    offsets_from_summary,
+    offsets_summary,
     rejects_table_ddl,
 )
 from jobs.clickstream.validation import (
@@ -77,16 +79,6 @@ class IngestSettings:
 
 
 # ---- offsets in snapshot summaries -----------------------------------------------------------------
-
-
-def offsets_from_summary(value: str | None, topic: str) -> Offsets:
-    if not value:
-        return {}
-    return {int(p): int(o) for p, o in json.loads(value).get(topic, {}).items()}
-
-
-def offsets_summary(topic: str, offsets: Offsets) -> str:
-    return json.dumps({topic: {str(p): offsets[p] for p in sorted(offsets)}}, separators=(",", ":"))
 
 
 def stored_offsets(spark: SparkSession, table: str, topic: str) -> Offsets:

@@ -7,12 +7,11 @@ for its partition is past it. Reading only metadata, this costs nothing per even
 
 from __future__ import annotations
 
-import json
 import statistics
 import threading
 from collections import deque
 
-OFFSETS_KEY = "lakehouse.kafka.offsets"  # written by jobs/clickstream_ingest.py
+from jobs.clickstream.schema import OFFSETS_KEY, offsets_from_summary
 
 
 class FreshnessTracker:
@@ -36,10 +35,8 @@ class FreshnessTracker:
         for snapshot in fresh:
             self._seen_snapshots.add(snapshot.snapshot_id)
             value = snapshot.summary.additional_properties.get(OFFSETS_KEY) if snapshot.summary else None
-            if not value:
-                continue
             committed_at = snapshot.timestamp_ms / 1000
-            ends = {int(p): int(o) for p, o in json.loads(value).get(self.topic, {}).items()}
+            ends = offsets_from_summary(value, self.topic)
             with self._lock:
                 for partition, end in ends.items():
                     queue = self._pending.get(partition)

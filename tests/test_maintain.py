@@ -17,8 +17,7 @@ import pytest
 from pyspark.sql import functions as F
 from support import run_cli
 
-from jobs.clickstream.schema import OFFSETS_KEY, fact_table_ddl
-from jobs.clickstream_ingest import offsets_summary
+from jobs.clickstream.schema import OFFSETS_KEY, fact_table_ddl, offsets_summary
 from jobs.common.snapshot_progress import read_progress, retry_commit, writer_options
 from jobs.maintain import MaintainSettings, UnknownTableError, main, maintain_table, short_name
 from jobs.maintenance.procedures import error_summary, is_maintenance_conflict, rewrite_strategy

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pyspark.sql.types import (
     BooleanType,
     IntegerType,
@@ -17,6 +19,18 @@ PRODUCTS_TABLE = ("dim_db", "products")
 
 # Snapshot-summary key holding `{"<topic>": {"<partition>": next_offset, ...}}`.
 OFFSETS_KEY = "lakehouse.kafka.offsets"
+
+
+def offsets_from_summary(value: str | None, topic: str) -> dict[int, int]:
+    """The value under OFFSETS_KEY -> {partition: next offset} for `topic` ({} when unset)."""
+    if not value:
+        return {}
+    return {int(p): int(o) for p, o in json.loads(value).get(topic, {}).items()}
+
+
+def offsets_summary(topic: str, offsets: dict[int, int]) -> str:
+    return json.dumps({topic: {str(p): offsets[p] for p in sorted(offsets)}}, separators=(",", ":"))
+
 
 # What an executor task returns per Kafka record: lineage, and either the parsed fields (valid)
 # or the reason plus the raw payload (reject).
