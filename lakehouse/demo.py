@@ -209,9 +209,7 @@ def run_statements(conn, state: DemoState, elapsed: float) -> None:
 
 
 def refresh(catalog, tracker: FreshnessTracker, state: DemoState, elapsed: float) -> None:
-    clicks = catalog.load_table(CLICKS)
-    tracker.observe(clicks.snapshots())
-    state.clicks = total_records(catalog, CLICKS) - state.clicks_before
+    state.clicks = observe_clicks(catalog, tracker) - state.clicks_before
     state.rejects = total_records(catalog, REJECTS) - state.rejects_before
     state.views = read_rows(catalog, VIEWS)
     if state.changes_at is None:
@@ -237,7 +235,7 @@ def warm_up(config, catalog, tracker: FreshnessTracker, supervisor: Supervisor, 
     deadline = time.monotonic() + timeout
     while tracker.waiting and time.monotonic() < deadline:
         supervisor.check()
-        tracker.observe(catalog.load_table(CLICKS).snapshots() if catalog.table_exists(CLICKS) else [])
+        observe_clicks(catalog, tracker)
         time.sleep(0.5)
     tracker.latencies.clear()
 
@@ -254,7 +252,8 @@ def catch_up(catalog, tracker, state, supervisor, timeout: float) -> None:
     while time.monotonic() < deadline:
         supervisor.check()
         refresh(catalog, tracker, state, 0)
-        if tracker.waiting == 0 and sum(r["views"] for r in state.views) == total_records(catalog, CLICKS):
+        clicks_total = state.clicks + state.clicks_before
+        if tracker.waiting == 0 and sum(r["views"] for r in state.views) == clicks_total:
             return
         time.sleep(1.0)
 
@@ -324,8 +323,21 @@ def _seconds(value: float | None) -> str:
 def total_records(catalog, table: str) -> int:
     if not catalog.table_exists(table):
         return 0
-    snapshot = catalog.load_table(table).current_snapshot()
+    return _records(catalog.load_table(table))
+
+
+def _records(table) -> int:
+    snapshot = table.current_snapshot()
     return int(snapshot.summary.additional_properties.get("total-records", 0)) if snapshot else 0
+
+
+def observe_clicks(catalog, tracker: FreshnessTracker) -> int:
+    """Feed the click table's snapshots to the tracker and return its rows: one metadata load."""
+    if not catalog.table_exists(CLICKS):
+        return 0
+    clicks = catalog.load_table(CLICKS)
+    tracker.observe(clicks.snapshots())
+    return _records(clicks)
 
 
 def read_rows(catalog, table: str) -> list[dict]:
