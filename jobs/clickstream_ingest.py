@@ -23,6 +23,7 @@ import json
 import logging
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
@@ -38,6 +39,7 @@ from jobs.clickstream.kafka_source import (
     materialize_with_stats,
     plan_ranges,
 )
+from jobs.clickstream.offsets import Offsets, OffsetsRegressed, advance, check_read_start, passes
 from jobs.clickstream.products_dimension import ensure_products_dimension, read_products
 from jobs.clickstream.schema import (
     FACT_TABLE,
@@ -56,15 +58,23 @@ from jobs.clickstream.validation import (
     to_rejects,
     valid_click_events,
 )
+from jobs.common.fault_injection import crash_point
 from jobs.common.job_args import add_environment_args, config_from_args
 from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
-from jobs.common.snapshot_progress import read_progress, retry_commit, writer_options
+from jobs.common.snapshot_progress import (
+    COMMIT_ID_KEY,
+    ConcurrentWriterError,
+    exclusive_append_options,
+    find_commit,
+    is_concurrent_append,
+    read_stored_progress,
+    retry_commit,
+    writer_options,
+)
 from jobs.spark_session import build_spark, stop_spark
 from lakehouse.config import KafkaConfig, LakehouseConfig
 
 log = logging.getLogger("clickstream_ingest")
-
-Offsets = dict[int, int]  # partition -> next offset to read
 
 
 @dataclass(frozen=True)
@@ -81,8 +91,18 @@ class IngestSettings:
 # ---- offsets in snapshot summaries -----------------------------------------------------------------
 
 
-def stored_offsets(spark: SparkSession, table: str, topic: str) -> Offsets:
-    return offsets_from_summary(read_progress(spark, table, OFFSETS_KEY), topic)
+@dataclass(frozen=True)
+class TableProgress:
+    """A table's stored offsets and the snapshot that stored them (its next commit validates from
+    there: any data another writer added since makes that commit fail)."""
+
+    offsets: Offsets
+    snapshot_id: int | None
+
+
+def stored_progress(spark: SparkSession, table: str, topic: str) -> TableProgress:
+    stored = read_stored_progress(spark, table, OFFSETS_KEY)
+    return TableProgress(offsets_from_summary(stored.value, topic), stored.snapshot_id)
 
 
 # ---- the job -----------------------------------------------------------------------------------------
@@ -117,25 +137,26 @@ class ClickstreamIngest:
         self.batches = 0
         kafka: KafkaConfig = config.kafka
         self._client_config_factory = lambda: kafka_client_config(kafka)
-        self.fact_offsets: Offsets = {}
-        self.reject_offsets: Offsets = {}
+        self.fact = TableProgress({}, None)
+        self.rejects = TableProgress({}, None)  # in memory: may be ahead of what the table stores
+        self._committed_rejects = self.rejects
         self._metadata = TopicMetadata(self._client_config_factory)
         self._rejects_committed_at = time.monotonic()
-        self._committed_reject_offsets: Offsets = {}
 
     def prepare(self) -> None:
         ddl = fact_table_ddl(self.settings.fact_table) + rejects_table_ddl(self.settings.rejects_table)
         for statement in ddl:
             self.spark.sql(statement)
         ensure_products_dimension(self.spark, self.config, self.settings.products_table)
-        self.fact_offsets = stored_offsets(self.spark, self.settings.fact_table, self.settings.topic)
-        self.reject_offsets = stored_offsets(self.spark, self.settings.rejects_table, self.settings.topic)
-        self._committed_reject_offsets = dict(self.reject_offsets)
+        self.fact = stored_progress(self.spark, self.settings.fact_table, self.settings.topic)
+        self.rejects = self._committed_rejects = stored_progress(
+            self.spark, self.settings.rejects_table, self.settings.topic
+        )
         log.info(
             "resuming %s from fact offsets %s, rejects offsets %s",
             self.settings.topic,
-            self.fact_offsets,
-            self.reject_offsets,
+            self.fact.offsets,
+            self.rejects.offsets,
         )
 
     # -- one micro-batch --
@@ -146,6 +167,7 @@ class ClickstreamIngest:
         if fetched is None:
             return 0
         batch, partitions, stats = fetched
+        self._check_read_starts(partitions, stats)
         result = BatchResult(
             records=sum(s.records for s in stats.values()),
             rejects=sum(s.rejects for s in stats.values()),
@@ -165,17 +187,42 @@ class ClickstreamIngest:
 
     def finish(self) -> None:
         """On a clean stop: store the rejects offsets that batches without rejects moved on."""
-        if self.reject_offsets != self._committed_reject_offsets:
+        if self.rejects.offsets != self._committed_rejects.offsets:
             nothing = self.spark.table(self.settings.rejects_table).where(F.lit(False))
-            self._append(self.settings.rejects_table, nothing, self.reject_offsets)
-            self._committed_reject_offsets = dict(self.reject_offsets)
+            self.rejects = self._committed_rejects = self._append(
+                self.settings.rejects_table, nothing, self._committed_rejects, self.rejects.offsets
+            )
         self._metadata.close()
 
     def _starts(self, partitions: list[int]) -> tuple[Offsets, Offsets, Offsets]:
-        fact = {p: self.fact_offsets.get(p, 0) for p in partitions}
-        rejects = {p: self.reject_offsets.get(p, 0) for p in partitions}
+        fact = {p: self.fact.offsets.get(p, 0) for p in partitions}
+        rejects = {p: self.rejects.offsets.get(p, 0) for p in partitions}
         fetch = {p: min(fact[p], rejects[p]) for p in partitions}
         return fact, rejects, fetch
+
+    def _check_read_starts(self, partitions: list[int], stats: dict[int, PartitionStats]) -> None:
+        """Before anything is written: records below the range's start mean the topic was recreated
+        (stop); a gap after it may be records that expired unread (say so, loudly: they are lost)."""
+        topic = self.settings.topic
+        _, _, starts = self._starts(partitions)
+        for p in partitions:
+            lost = check_read_start(
+                topic,
+                p,
+                starts[p],
+                stats[p].first_offset,
+                lambda p=p: self._metadata.earliest_offset(topic, p),
+            )
+            if lost:
+                log.error(
+                    "DATA LOST: %d records of %s[%d] (offsets %d..%d) expired from the broker before the "
+                    "ingest read them; the ingest lagged more than the topic's retention",
+                    lost,
+                    topic,
+                    p,
+                    starts[p],
+                    starts[p] + lost - 1,
+                )
 
     def _fetch_with_retry(self) -> tuple[DataFrame, list[int], dict[int, PartitionStats]] | None:
         """Plan and fetch one batch; while the broker is down, back off and retry (never crash)."""
@@ -207,45 +254,80 @@ class ClickstreamIngest:
         return None
 
     def _commit(self, fetched: DataFrame, partitions: list[int], result: BatchResult) -> None:
+        """Append the batch to each table it reads past the start of; a table's offsets never go back
+        (a restart reads from the lower of the two tables' offsets, so a batch may end below one)."""
         fact_starts, reject_starts, _ = self._starts(partitions)
-        new_fact = {**self.fact_offsets, **result.end_offsets}
-        new_rejects = {**self.reject_offsets, **result.end_offsets}
         ingested_at = F.current_timestamp()
-        products = read_products(self.spark, self.settings.products_table)
-        fact_rows = to_click_events(
-            valid_click_events(fetched).where(offsets_at_or_after(fact_starts)), products, ingested_at
-        )
         began = time.monotonic()
-        self._append(self.settings.fact_table, fact_rows, new_fact)
-        self.fact_offsets = new_fact
+        if passes(fact_starts, result.end_offsets):
+            products = read_products(self.spark, self.settings.products_table)
+            fact_rows = to_click_events(
+                valid_click_events(fetched).where(offsets_at_or_after(fact_starts)), products, ingested_at
+            )
+            self.fact = self._append(
+                self.settings.fact_table, fact_rows, self.fact, advance(self.fact.offsets, result.end_offsets)
+            )
         result.fact_commit_ms = (time.monotonic() - began) * 1000
+        crash_point("ingest.between-commits")
         # A batch without rejects needs no rejects commit: its records are known to hold none, so the
         # in-memory offsets move on and a later commit (or `finish`) stores them. Committing anyway
         # every `rejects_commit_seconds` bounds what a restart after a crash re-reads.
-        if result.rejects or began - self._rejects_committed_at >= self.settings.rejects_commit_seconds:
+        new_rejects = advance(self.rejects.offsets, result.end_offsets)
+        due = result.rejects or began - self._rejects_committed_at >= self.settings.rejects_commit_seconds
+        if due and passes(reject_starts, result.end_offsets):
             reject_rows = to_rejects(
                 rejected_records(fetched).where(offsets_at_or_after(reject_starts)), ingested_at
             )
-            self._append(self.settings.rejects_table, reject_rows, new_rejects)
+            self.rejects = self._committed_rejects = self._append(
+                self.settings.rejects_table, reject_rows, self._committed_rejects, new_rejects
+            )
             self._rejects_committed_at = time.monotonic()
-            self._committed_reject_offsets = new_rejects
-        self.reject_offsets = new_rejects
+        else:
+            self.rejects = TableProgress(new_rejects, self._committed_rejects.snapshot_id)
         result.commit_ms = (time.monotonic() - began) * 1000
 
-    def _append(self, table: str, rows: DataFrame, offsets: Offsets) -> None:
-        summary = {OFFSETS_KEY: offsets_summary(self.settings.topic, offsets)}
+    def _append(self, table: str, rows: DataFrame, base: TableProgress, offsets: Offsets) -> TableProgress:
+        """Append `rows` with `offsets` in the same commit, exactly once. Fails with
+        ConcurrentWriterError if another writer added data since `base` (this job's last commit)."""
+        commit_id = uuid.uuid4().hex
+        summary = {OFFSETS_KEY: offsets_summary(self.settings.topic, offsets), COMMIT_ID_KEY: commit_id}
 
         # No shuffle before the write: each fetch task writes its rows itself (still sorted within
         # files by the table's order). A micro-batch's rows are few and mostly of one day, so
         # clustering them by partition first cost a whole extra stage per batch; compaction
         # merges the small files later.
-        options = {**writer_options(summary), "distribution-mode": "none"}
+        options = {
+            **writer_options(summary),
+            "distribution-mode": "none",
+            **exclusive_append_options(base.snapshot_id),
+        }
 
         @retry_commit()
-        def append() -> None:
-            rows.writeTo(table).options(**options).append()
+        def append() -> int:
+            # An earlier attempt whose outcome was unknown may have landed: never append twice.
+            landed = find_commit(self.spark, table, commit_id)
+            if landed is not None:
+                log.warning("%s: the commit of the previous attempt had landed; not appending again", table)
+                return landed
+            try:
+                rows.writeTo(table).options(**options).overwrite(F.lit(False))
+            except Exception as exc:
+                if not is_concurrent_append(exc):
+                    raise
+                landed = find_commit(self.spark, table, commit_id)
+                if landed is not None:
+                    return landed
+                raise ConcurrentWriterError(
+                    f"another ingest committed to {table} since this one's last commit (offsets "
+                    f"{offsets_summary(self.settings.topic, base.offsets)}): only one ingest may write a "
+                    "table; stopping without committing this batch"
+                ) from exc
+            landed = find_commit(self.spark, table, commit_id)
+            if landed is None:
+                raise RuntimeError(f"{table}: commit {commit_id} succeeded but is not in the table's history")
+            return landed
 
-        append()
+        return TableProgress(offsets, append())
 
     def _log_batch(self, r: BatchResult) -> None:
         lag = "n/a" if r.lag_seconds is None else f"{r.lag_seconds:.1f}"
@@ -319,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
         total = run_batches(ingest.run_batch, RunMode.from_args(args), stop)
         ingest.finish()
         log.info("stopped after %d batches, %d records", ingest.batches, total)
+    except (ConcurrentWriterError, OffsetsRegressed) as exc:
+        log.error("%s", exc)
+        return 1
     finally:
         stop_spark(spark)
     return 0

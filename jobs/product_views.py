@@ -4,11 +4,14 @@ Keeps `lakehouse.ads_behavior.product_views` equal to the source system's statis
 `SELECT productId, name, product_price, count(uid) FROM clickevent GROUP BY productId, name,
 product_price`, by reading only the click rows it has not counted yet.
 
-Progress is a per-Kafka-partition offset watermark over the click table's lineage columns, stored
-in the summary of the same MERGE commit that adds the counts (`lakehouse.views.click-offsets`).
-The ingest commits each partition's offsets in order and exactly once, so "offset >= watermark" is
-exactly the uncounted rows. Unlike an incremental snapshot scan, this survives the click table's
-compaction (rewrite snapshots carry the same rows) and snapshot expiry (no snapshot id to lose).
+Progress is a per-Kafka-partition offset watermark over the click table's lineage columns, keyed
+by the topic the ingest reads and stored in the summary of the same MERGE commit that adds the
+counts (`lakehouse.views.click-offsets`). The ingest commits each partition's offsets in order and
+exactly once, so "offset >= watermark" is exactly the uncounted rows. Unlike an incremental
+snapshot scan, this survives the click table's compaction (rewrite snapshots carry the same rows)
+and snapshot expiry (no snapshot id to lose). If the click table's offsets ever go back below the
+watermark (a recreated topic, a restored table) or switch topic, new rows would hide below it: the
+job stops with an error instead of silently counting nothing.
 """
 
 from __future__ import annotations
@@ -25,11 +28,17 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.clickstream.schema import FACT_TABLE
+from jobs.clickstream.schema import FACT_TABLE, OFFSETS_KEY
 from jobs.clickstream.validation import offsets_at_or_after
 from jobs.common.job_args import add_environment_args, config_from_args
 from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
-from jobs.common.snapshot_progress import read_progress, retry_commit, with_snapshot_properties
+from jobs.common.snapshot_progress import (
+    ConcurrentWriterError,
+    progress_as_of,
+    read_progress,
+    retry_commit,
+    with_snapshot_properties,
+)
 from jobs.spark_session import build_spark, stop_spark
 from lakehouse.config import LakehouseConfig
 
@@ -40,6 +49,14 @@ PROGRESS_KEY = "lakehouse.views.click-offsets"
 GROUP_COLUMNS = ("productId", "name", "product_price")
 
 Watermark = dict[int, int]  # kafka partition -> next click offset not yet counted
+# The topic of clicks written without the ingest's offsets (by hand, in tests), and of a watermark
+# stored before topics were kept: it matches whatever topic the ingest reads.
+ANY_TOPIC = "*"
+
+
+class ClickOffsetsRegressed(RuntimeError):
+    """The click table's offsets went below what was counted, or changed topic: new rows would hide
+    below the watermark. Nothing is committed."""
 
 
 def views_table_ddl(table: str) -> str:
@@ -54,12 +71,44 @@ def views_table_ddl(table: str) -> str:
                               'write.metadata.previous-versions-max'='50')"""
 
 
-def watermark_from_summary(value: str | None) -> Watermark:
-    return {int(p): int(o) for p, o in json.loads(value).items()} if value else {}
+def watermark_from_summary(value: str | None) -> tuple[str, Watermark]:
+    """(topic, watermark); the flat form of earlier versions is ANY_TOPIC's."""
+    parsed = json.loads(value) if value else {}
+    if parsed and not isinstance(next(iter(parsed.values())), dict):
+        parsed = {ANY_TOPIC: parsed}
+    topic, offsets = next(iter(parsed.items()), (ANY_TOPIC, {}))
+    return topic, {int(p): int(o) for p, o in offsets.items()}
 
 
-def watermark_summary(watermark: Watermark) -> str:
-    return json.dumps({str(p): watermark[p] for p in sorted(watermark)}, separators=(",", ":"))
+def watermark_summary(topic: str, watermark: Watermark) -> str:
+    return json.dumps({topic: {str(p): watermark[p] for p in sorted(watermark)}}, separators=(",", ":"))
+
+
+def checked_topic(topic: str, watermark: Watermark, ingest_offsets: dict[str, Watermark]) -> str:
+    """The topic the watermark counts from now on, given the ingest's stored offsets on the click
+    snapshot being read ({} if the rows were not written by the ingest). Raises
+    ClickOffsetsRegressed if the click table switched topic or its offsets went below the watermark."""
+    if not ingest_offsets:
+        return topic
+    (ingest_topic, offsets), *others = ingest_offsets.items()
+    if others or (topic not in (ANY_TOPIC, ingest_topic) and watermark):
+        raise ClickOffsetsRegressed(
+            f"the click table now holds topic {ingest_topic!r}, but product_views counted {topic!r}: "
+            "the same Kafka offsets may repeat. Rebuild the view: drop its table and rerun"
+        )
+    behind = {
+        p: (offsets.get(p, 0), counted) for p, counted in watermark.items() if offsets.get(p, 0) < counted
+    }
+    if behind:
+        detail = ", ".join(
+            f"partition {p}: {stored} < {counted}" for p, (stored, counted) in sorted(behind.items())
+        )
+        raise ClickOffsetsRegressed(
+            f"the click table's offsets for topic {ingest_topic!r} went below what product_views has "
+            f"counted ({detail}): was the topic recreated or the table restored? New clicks would "
+            "never be counted; rebuild the view (drop its table and rerun)"
+        )
+    return ingest_topic
 
 
 # ---- transforms ------------------------------------------------------------------------------------
@@ -126,6 +175,7 @@ class ProductViews:
     def __init__(self, spark: SparkSession, settings: ViewsSettings) -> None:
         self.spark = spark
         self.settings = settings
+        self.topic = ANY_TOPIC
         self.watermark: Watermark = {}
         self.batches = 0
         self._last_clicks_snapshot: int | None = None
@@ -133,10 +183,10 @@ class ProductViews:
 
     def prepare(self) -> None:
         self.spark.sql(views_table_ddl(self.settings.views_table))
-        self.watermark = self._stored_watermark()
-        log.info("resuming %s from click offsets %s", self.settings.views_table, self.watermark)
+        self.topic, self.watermark = self._stored_watermark()
+        log.info("resuming %s from %s offsets %s", self.settings.views_table, self.topic, self.watermark)
 
-    def _stored_watermark(self) -> Watermark:
+    def _stored_watermark(self) -> tuple[str, Watermark]:
         return watermark_from_summary(read_progress(self.spark, self.settings.views_table, PROGRESS_KEY))
 
     def _clicks_snapshot(self) -> int | None:
@@ -151,6 +201,14 @@ class ProductViews:
         snapshot = self._clicks_snapshot()
         if snapshot is None or snapshot == self._last_clicks_snapshot:
             return 0
+        ingest_offsets = json.loads(
+            progress_as_of(self.spark, self.settings.clicks_table, snapshot, OFFSETS_KEY) or "{}"
+        )
+        topic = checked_topic(
+            self.topic,
+            self.watermark,
+            {t: {int(p): o for p, o in offsets.items()} for t, offsets in ingest_offsets.items()},
+        )
         # Read one snapshot so the counts and the watermark describe the same rows.
         clicks = (
             self.spark.read.format("iceberg").option("snapshot-id", snapshot).load(self.settings.clicks_table)
@@ -160,15 +218,15 @@ class ProductViews:
         if not delta.counts:
             return 0  # e.g. a compaction snapshot: same rows, nothing new
         began = time.monotonic()
-        self._commit(delta)
-        self.watermark = delta.watermark
+        self._commit(topic, delta)
+        self.topic, self.watermark = topic, delta.watermark
         self.batches += 1
         log.info(
             "batch %d: views=%d groups=%d click_offsets=%s clicks_snapshot=%d commit_ms=%.0f",
             self.batches,
             delta.views,
             len(delta.counts),
-            watermark_summary(delta.watermark),
+            watermark_summary(topic, delta.watermark),
             snapshot,
             (time.monotonic() - began) * 1000,
         )
@@ -176,20 +234,28 @@ class ProductViews:
             self.on_commit(delta, snapshot)
         return delta.views
 
-    def _commit(self, delta: Delta) -> None:
+    def _commit(self, topic: str, delta: Delta) -> None:
         view = "product_views_delta"
         self.spark.createDataFrame(
             [(*group, views) for group, views in delta.counts.items()],
             "productId string, name string, product_price decimal(10,4), views bigint",
         ).withColumn("updated_at", F.current_timestamp()).createOrReplaceTempView(view)
-        summary = {PROGRESS_KEY: watermark_summary(delta.watermark)}
+        summary = {PROGRESS_KEY: watermark_summary(topic, delta.watermark)}
         statement = merge_statement(self.settings.views_table, view)
 
         @retry_commit()
         def commit() -> None:
             # A commit whose outcome was unknown may have landed: then the table already holds it.
-            if self._stored_watermark() == delta.watermark:
+            stored = self._stored_watermark()
+            if stored == (topic, delta.watermark):
                 return
+            if stored != (self.topic, self.watermark):
+                mine = watermark_summary(self.topic, self.watermark)
+                raise ConcurrentWriterError(
+                    f"another product_views job committed to {self.settings.views_table} (its offsets "
+                    f"{watermark_summary(*stored)}, this one's {mine}): only one may run per view "
+                    "table; stopping without committing this batch"
+                )
             with_snapshot_properties(self.spark, summary, lambda: self.spark.sql(statement))
 
         try:
@@ -232,6 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         views.prepare()
         total = run_batches(views.run_batch, RunMode.from_args(args), stop)
         log.info("stopped after %d batches, %d views counted", views.batches, total)
+    except (ConcurrentWriterError, ClickOffsetsRegressed) as exc:
+        log.error("%s", exc)
+        return 1
     finally:
         stop_spark(spark)
     return 0

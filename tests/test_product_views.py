@@ -13,8 +13,16 @@ from decimal import Decimal
 import pytest
 from support import LAKEHOUSE_BIN, REPO
 
-from jobs.clickstream.schema import fact_table_ddl, products_table_ddl
-from jobs.product_views import PROGRESS_KEY, ProductViews, ViewsSettings, watermark_from_summary
+from jobs.clickstream.schema import OFFSETS_KEY, fact_table_ddl, offsets_summary, products_table_ddl
+from jobs.common.snapshot_progress import ConcurrentWriterError, with_snapshot_properties
+from jobs.product_views import (
+    ANY_TOPIC,
+    PROGRESS_KEY,
+    ClickOffsetsRegressed,
+    ProductViews,
+    ViewsSettings,
+    watermark_from_summary,
+)
 
 pytestmark = pytest.mark.stack
 
@@ -118,15 +126,67 @@ def test_views_equal_the_group_by_after_ingest_price_change_compaction_and_expir
     assert sum(v for *_, v in views_rows(spark, names["views"])) == total
 
 
-def append_clicks(spark, clicks: str, start: int, count: int) -> None:
-    """Rows as the ingest writes them: per partition, consecutive offsets from `start`."""
-    spark.sql(
-        f"""INSERT INTO {clicks}
+def append_clicks(spark, clicks: str, start: int, count: int, topic: str | None = None) -> None:
+    """Rows as the ingest writes them: per partition, consecutive offsets from `start`; with `topic`,
+    the commit also stores the ingest's offsets for it, as the ingest does."""
+    insert = f"""INSERT INTO {clicks}
             SELECT 10 + id % 90, '10001', CAST(id % 20 AS string), 'cookie', CAST(id % 20 AS int),
                    TIMESTAMP '2026-11-20 10:00:00', NULL, NULL, '20261120',
                    CAST(id % {PARTITIONS} AS int), {start} + id DIV {PARTITIONS}, current_timestamp()
             FROM range({count * PARTITIONS})"""
-    )
+    if topic is None:
+        spark.sql(insert)
+        return
+    offsets = offsets_summary(topic, dict.fromkeys(range(PARTITIONS), start + count))
+    with_snapshot_properties(spark, {OFFSETS_KEY: offsets}, lambda: spark.sql(insert))
+
+
+def new_views(spark, names) -> ProductViews:
+    views = ProductViews(spark, ViewsSettings(names["clicks"], names["views"]))
+    views.prepare()
+    return views
+
+
+def test_views_stop_when_the_click_offsets_go_back_below_what_they_counted(spark, names) -> None:
+    """A recreated topic restarts at offset 0: its clicks sit below the watermark and would never be
+    counted. The job must say so instead of silently counting nothing."""
+    for statement in fact_table_ddl(names["clicks"]):
+        spark.sql(statement)
+    append_clicks(spark, names["clicks"], 0, 100, topic="clicktopic")
+    views = new_views(spark, names)
+    assert catch_up(views) == 100 * PARTITIONS
+    stored = spark.sql(f"SELECT summary['{PROGRESS_KEY}'] FROM {names['views']}.snapshots").collect()[0][0]
+    assert watermark_from_summary(stored) == ("clicktopic", dict.fromkeys(range(PARTITIONS), 100))
+
+    append_clicks(spark, names["clicks"], 0, 40, topic="clicktopic")  # the topic, recreated
+    with pytest.raises(ClickOffsetsRegressed, match="went below what product_views has counted"):
+        views.run_batch()
+    with pytest.raises(ClickOffsetsRegressed):
+        new_views(spark, names).run_batch()  # a restart does not get past it either
+
+
+def test_views_stop_when_the_click_table_switches_topic(spark, names) -> None:
+    for statement in fact_table_ddl(names["clicks"]):
+        spark.sql(statement)
+    append_clicks(spark, names["clicks"], 0, 50, topic="clicktopic")
+    views = new_views(spark, names)
+    catch_up(views)
+    append_clicks(spark, names["clicks"], 0, 50, topic="othertopic")
+    with pytest.raises(ClickOffsetsRegressed, match="now holds topic 'othertopic'"):
+        views.run_batch()
+
+
+def test_a_second_views_job_on_the_same_table_aborts_and_counts_nothing_twice(spark, names) -> None:
+    for statement in fact_table_ddl(names["clicks"]):
+        spark.sql(statement)
+    append_clicks(spark, names["clicks"], 0, 60, topic="clicktopic")
+    first, second = new_views(spark, names), new_views(spark, names)
+    assert first.run_batch() == 60 * PARTITIONS
+    append_clicks(spark, names["clicks"], 60, 10, topic="clicktopic")
+    with pytest.raises(ConcurrentWriterError, match="another product_views job committed"):
+        second.run_batch()
+    assert catch_up(first) == 10 * PARTITIONS
+    assert views_rows(spark, names["views"]) == source_statistic(spark, names["clicks"])
 
 
 def test_views_restarts_neither_skip_nor_double_count(spark, names) -> None:
@@ -160,4 +220,5 @@ def test_views_restarts_neither_skip_nor_double_count(spark, names) -> None:
     stored = spark.sql(
         f"SELECT summary['{PROGRESS_KEY}'] FROM {names['views']}.snapshots ORDER BY committed_at DESC LIMIT 1"
     ).collect()[0][0]
-    assert watermark_from_summary(stored) == dict.fromkeys(range(PARTITIONS), appended)
+    # Rows written by hand carry no ingest offsets: the watermark is for whatever topic they came from.
+    assert watermark_from_summary(stored) == (ANY_TOPIC, dict.fromkeys(range(PARTITIONS), appended))

@@ -101,6 +101,18 @@ class TopicMetadata:
             raise BrokerUnavailable(f"topic {topic!r} not available: {found.error if found else 'missing'}")
         return sorted(found.partitions)
 
+    def earliest_offset(self, topic: str, partition: int) -> int:
+        """The partition's earliest offset still held by the broker (older ones expired)."""
+        if self._client is None:
+            self._client = _consumer(self._client_config_factory())
+        try:
+            low, _ = self._client.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=self._timeout, cached=False
+            )
+        except KafkaException as exc:
+            raise BrokerUnavailable(str(exc)) from exc
+        return low
+
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
@@ -338,7 +350,8 @@ def fetch_ranges(
 class PartitionStats:
     records: int
     rejects: int
-    last_offset: int | None  # None when nothing was read
+    first_offset: int | None  # None when nothing was read
+    last_offset: int | None
     newest_ms: int | None  # newest Kafka timestamp read
 
 
@@ -361,6 +374,7 @@ def materialize_with_stats(
         columns += [
             F.count(F.when(hit, 1)).alias(f"records_{p}"),
             F.count(F.when(hit, F.col("reject_reason"))).alias(f"rejects_{p}"),
+            F.min(F.when(hit, F.col("kafka_offset"))).alias(f"first_offset_{p}"),
             F.max(F.when(hit, F.col("kafka_offset"))).alias(f"last_offset_{p}"),
             F.max(F.when(hit, F.col("kafka_timestamp_ms"))).alias(f"newest_ms_{p}"),
         ]
@@ -371,6 +385,7 @@ def materialize_with_stats(
         p: PartitionStats(
             records=metrics[f"records_{p}"] or 0,
             rejects=metrics[f"rejects_{p}"] or 0,
+            first_offset=metrics[f"first_offset_{p}"],
             last_offset=metrics[f"last_offset_{p}"],
             newest_ms=metrics[f"newest_ms_{p}"],
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TypeVar
 
 from tenacity import (
@@ -34,6 +35,89 @@ def read_progress(spark, table: str, key: str) -> str | None:
             LIMIT 1"""
     ).collect()
     return rows[0]["value"] if rows else None
+
+
+# Every progress commit also carries a unique id, so a writer can tell whether a commit whose
+# outcome it never learned (a timeout, CommitStateUnknownException) landed after all.
+COMMIT_ID_KEY = "lakehouse.commit-id"
+
+
+class ConcurrentWriterError(RuntimeError):
+    """Another writer committed progress to the table since this job's last commit: the job stops
+    without committing (two instances of one job would apply the same input twice)."""
+
+
+@dataclass(frozen=True)
+class StoredProgress:
+    value: str | None
+    snapshot_id: int | None  # the snapshot that stored `value`: the writer's next commit validates from it
+
+
+def read_stored_progress(spark, table: str, key: str) -> StoredProgress:
+    """Like `read_progress`, with the id of the snapshot that holds the value."""
+    rows = spark.sql(
+        f"""SELECT s.summary['{key}'] AS value, s.snapshot_id
+            FROM {table}.history h JOIN {table}.snapshots s ON h.snapshot_id = s.snapshot_id
+            WHERE h.is_current_ancestor AND s.summary['{key}'] IS NOT NULL
+            ORDER BY h.made_current_at DESC, s.committed_at DESC
+            LIMIT 1"""
+    ).collect()
+    return StoredProgress(rows[0]["value"], rows[0]["snapshot_id"]) if rows else StoredProgress(None, None)
+
+
+def _ancestors(spark, table: str, from_snapshot: int | None = None, max_depth: int = 1000):
+    """Snapshots from `from_snapshot` (default: the current one) back through their parents, read
+    from the table's fresh metadata (the catalog cache is off)."""
+    jvm = spark.sparkContext._jvm
+    table_ref = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table)
+    snapshot = table_ref.currentSnapshot() if from_snapshot is None else table_ref.snapshot(from_snapshot)
+    for _ in range(max_depth):
+        if snapshot is None:
+            return
+        yield snapshot
+        parent = snapshot.parentId()
+        snapshot = table_ref.snapshot(parent) if parent is not None else None
+
+
+def find_commit(spark, table: str, commit_id: str) -> int | None:
+    """The id of the current-ancestor snapshot whose summary carries `commit_id`, or None (a few
+    snapshots deep at most in practice: a compaction may have committed after it)."""
+    for snapshot in _ancestors(spark, table, max_depth=200):
+        if snapshot.summary().get(COMMIT_ID_KEY) == commit_id:
+            return snapshot.snapshotId()
+    return None
+
+
+def progress_as_of(spark, table: str, snapshot_id: int, key: str) -> str | None:
+    """summary[`key`] of the newest snapshot carrying it at or before `snapshot_id` (its ancestry)."""
+    for snapshot in _ancestors(spark, table, snapshot_id):
+        value = snapshot.summary().get(key)
+        if value is not None:
+            return value
+    return None
+
+
+def exclusive_append_options(validate_from_snapshot: int | None) -> dict[str, str]:
+    """DataFrameWriterV2 options that, with `.overwrite(lit(False))`, make an append that fails if any
+    other commit added data since `validate_from_snapshot` (None: since the table began).
+
+    Overwriting nothing with serializable isolation makes Iceberg check every data file added since
+    that snapshot (its conflict filter becomes "everything"); the snapshot's operation is still
+    `append`. Compaction (`replace`) snapshots are not additions, so maintenance never conflicts.
+    This is the atomic form of "stored progress still equals this batch's start".
+    """
+    options = {"isolation-level": "serializable"}
+    if validate_from_snapshot is not None:
+        options["validate-from-snapshot-id"] = str(validate_from_snapshot)
+    return options
+
+
+_CONCURRENT_APPEND = ("Found conflicting files", "Cannot determine history between starting snapshot")
+
+
+def is_concurrent_append(exc: BaseException) -> bool:
+    """An exclusive append lost: another writer added data since its starting snapshot."""
+    return any(marker in str(exc) for marker in _CONCURRENT_APPEND)
 
 
 def writer_options(properties: Mapping[str, str]) -> dict[str, str]:

@@ -1,0 +1,131 @@
+"""The ingest's exactly-once guarantee at its edges: restarts at commit boundaries, commits whose
+outcome is unknown, and two writers on the same tables.
+
+Every check compares the tables with what the producer delivered, as multisets of
+(partition, offset): a duplicate or a loss fails it.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+from ingest_case import Case, assert_exactly_once, keys, run_until_idle
+
+from lakehouse.gendata import VALID
+
+pytestmark = pytest.mark.stack
+
+
+@pytest.fixture(scope="module")
+def catalog(pyiceberg_catalog):
+    return pyiceberg_catalog
+
+
+def duplicated(rows: list[dict]) -> int:
+    return sum(n - 1 for n in collections.Counter(keys(rows)).values() if n > 1)
+
+
+def test_restart_before_the_rejects_table_ever_committed_duplicates_nothing(spark, lake_config, catalog):
+    """The issue's scenario: all-valid clicks, so the rejects table has not committed when the job
+    dies after its third batch; the restart reads from the rejects table's (older) offsets."""
+    case = Case(lake_config, "restart_lagging_rejects")
+    delivered = case.produce_generated(6000, seed=31, bad_ratio=0.0)
+    first = case.new_ingest(spark, max_records_per_partition=200)
+    for _ in range(3):
+        assert first.run_batch() > 0
+    # Killed here: no finish(), so nothing more reaches either table.
+    case.ingest_in_process(spark, cap=200)
+
+    fact = case.rows(case.fact, catalog)
+    assert duplicated(fact) == 0
+    assert len(fact) == 6000
+    assert_exactly_once(case, catalog, delivered)
+
+
+def test_a_commit_that_landed_but_reported_failure_is_not_appended_again(
+    spark, lake_config, catalog, monkeypatch
+):
+    """A catalog that times out after the commit landed (CommitStateUnknownException on Glue/S3)."""
+    from pyspark.sql.readwriter import DataFrameWriterV2
+
+    case = Case(lake_config, "unknown_outcome")
+    delivered = case.produce_generated(900, seed=32, bad_ratio=0.1)
+    ingest = case.new_ingest(spark)
+    failed_after_landing: list[str] = []
+
+    def landing_then_failing(original):
+        def write(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            if not failed_after_landing:
+                failed_after_landing.append(original.__name__)
+                raise RuntimeError("org.apache.iceberg.exceptions.CommitStateUnknownException: timed out")
+
+        return write
+
+    for name in ("append", "overwrite"):
+        monkeypatch.setattr(DataFrameWriterV2, name, landing_then_failing(getattr(DataFrameWriterV2, name)))
+    run_until_idle(ingest)
+
+    assert failed_after_landing, "the injected failure never ran"
+    assert duplicated(case.rows(case.fact, catalog)) == 0
+    assert_exactly_once(case, catalog, delivered)
+
+
+def test_a_second_writer_on_the_same_tables_aborts_with_a_clear_error(spark, lake_config, catalog):
+    """Two instances resumed from the same offsets (a re-submitted step beside a live one): the one
+    that commits second must not append the same range again."""
+    ConcurrentWriterError = Exception
+
+    case = Case(lake_config, "two_writers")
+    delivered = case.produce_generated(1500, seed=33, bad_ratio=0.1)
+    first, second = case.new_ingest(spark), case.new_ingest(spark)
+
+    assert first.run_batch() == 1500
+    with pytest.raises(ConcurrentWriterError, match="another ingest committed to"):
+        second.run_batch()
+
+    fact = case.rows(case.fact, catalog)
+    assert duplicated(fact) == 0
+    assert_exactly_once(case, catalog, delivered)
+    # The first one carries on undisturbed.
+    more = case.produce_generated(300, seed=34, bad_ratio=0.0)
+    assert first.run_batch() == 300
+    first.finish()
+    assert sorted(keys(case.rows(case.fact, catalog))) == sorted(
+        (p, o) for p, o, kind, *_ in delivered + more if kind == VALID
+    )
+    # Exclusive appends are still `append` snapshots to readers (overwrite-nothing adds only).
+    operations = {s.summary.operation.value for s in catalog.load_table(case.fact).snapshots()}
+    assert operations == {"append"}
+
+
+def test_killed_between_the_fact_and_rejects_commits_lands_every_record_once(lake_config, catalog):
+    """kill -9 at the commit boundary (a test hook in the job), twice, then a clean run."""
+    case = Case(lake_config, "crash_between_commits")
+    delivered = case.produce_generated(6000, seed=35, bad_ratio=0.1)
+    small_batches = ("--max-records-per-partition", "300", "--trigger-seconds", "0.1")
+    for nth in (2, 3):
+        job = case.start_job(*small_batches, env={"LAKEHOUSE_CRASH_AT": f"ingest.between-commits:{nth}"})
+        _, stderr = job.communicate(timeout=240)
+        assert job.returncode == -9, stderr[-3000:]
+    final = case.start_job(*small_batches, "--until-idle", "--idle-seconds", "2")
+    _, stderr = final.communicate(timeout=240)
+    assert final.returncode == 0, stderr[-3000:]
+    assert duplicated(case.rows(case.fact, catalog)) == 0
+    assert duplicated(case.rows(case.rejects, catalog)) == 0
+    assert_exactly_once(case, catalog, delivered)
+
+
+def test_two_jobs_started_at_once_land_every_click_once(lake_config, catalog):
+    case = Case(lake_config, "two_jobs")
+    delivered = case.produce_generated(20_000, seed=36, bad_ratio=0.05)
+    jobs = [case.start_job("--until-idle", "--idle-seconds", "2") for _ in range(2)]
+    outcomes = [(job.wait(300), job.communicate()[1]) for job in jobs]
+
+    assert_exactly_once(case, catalog, delivered)
+    for code, stderr in outcomes:
+        # The one that loses the race (if they overlapped) stops with one clear line and exit 1.
+        if code != 0:
+            assert "another ingest committed to" in stderr, stderr[-3000:]
+            assert code == 1
