@@ -117,6 +117,7 @@ class BatchResult:
     commit_ms: float = 0.0
     fetch_ms: float = 0.0
     fact_commit_ms: float = 0.0
+    committed: list[str] = field(default_factory=list)  # the tables this batch committed to
     lag_seconds: float | None = None
 
 
@@ -267,6 +268,7 @@ class ClickstreamIngest:
             self.fact = self._append(
                 self.settings.fact_table, fact_rows, self.fact, advance(self.fact.offsets, result.end_offsets)
             )
+            result.committed.append("fact")
         result.fact_commit_ms = (time.monotonic() - began) * 1000
         crash_point("ingest.between-commits")
         # A batch without rejects needs no rejects commit: its records are known to hold none, so the
@@ -282,6 +284,7 @@ class ClickstreamIngest:
                 self.settings.rejects_table, reject_rows, self._committed_rejects, new_rejects
             )
             self._rejects_committed_at = time.monotonic()
+            result.committed.append("rejects")
         else:
             self.rejects = TableProgress(new_rejects, self._committed_rejects.snapshot_id)
         result.commit_ms = (time.monotonic() - began) * 1000
@@ -333,7 +336,7 @@ class ClickstreamIngest:
         lag = "n/a" if r.lag_seconds is None else f"{r.lag_seconds:.1f}"
         log.info(
             "batch %d: records=%d valid=%d rejects=%d offsets=%s commit_ms=%.0f lag_s=%s fetch_ms=%.0f"
-            " fact_commit_ms=%.0f",
+            " fact_commit_ms=%.0f committed=%s",
             self.batches,
             r.records,
             r.valid,
@@ -343,6 +346,8 @@ class ClickstreamIngest:
             lag,
             r.fetch_ms,
             r.fact_commit_ms,
+            # "none" after a restart: records below both tables' stored offsets, re-read and skipped
+            "+".join(r.committed) or "none",
         )
 
 

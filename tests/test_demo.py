@@ -3,6 +3,9 @@ its own (as after a fresh clone) exits 0 and leaves a consistent lake behind."""
 
 from __future__ import annotations
 
+import collections
+import json
+
 import pytest
 from support import private_stack_env, run_cli
 
@@ -29,11 +32,47 @@ def test_short_demo_runs_the_scenario_end_to_end(demo_env, tmp_path):
     home = tmp_path / "demo-home"
     catalog = pyiceberg_catalog(home / "catalog.db", home / "warehouse")
     views = catalog.load_table("ads_behavior.product_views").scan().to_arrow().to_pylist()
-    clicks = catalog.load_table("ods_behavior.clickevent").scan().to_arrow()
-    assert sum(r["views"] for r in views) == clicks.num_rows > 0
+    clicks = catalog.load_table("ods_behavior.clickevent").scan().to_arrow().to_pylist()
+    rejects = catalog.load_table("ods_behavior.clickevent_rejects").scan().to_arrow().to_pylist()
+
+    # Compared with what went in: every record in the topic (read back by a plain consumer) is in
+    # exactly one of the two tables, exactly once, and the views count the clicks per product.
+    sent = read_topic(f"127.0.0.1:{demo_env['LAKEHOUSE_KAFKA_PORT']}", "clicktopic")
+    landed = collections.Counter((r["kafka_partition"], r["kafka_offset"]) for r in clicks + rejects)
+    assert landed == collections.Counter(sent.keys()), (len(sent), sum(landed.values()))
+    for row in clicks:
+        assert (
+            row["productId"] == json.loads(sent[(row["kafka_partition"], row["kafka_offset"])])["productId"]
+        )
+    views_per_product = collections.Counter()
+    for r in views:
+        views_per_product[r["productId"]] += r["views"]
+    assert views_per_product == collections.Counter(r["productId"] for r in clicks)
+    assert len(clicks) > 0
     # New clicks of product 1 carry the new price, in the aggregate; the dimension has it once.
     assert any(r["productId"] == "1" and float(r["product_price"]) == 8.1 for r in views)
     products = catalog.load_table("dim_db.products").scan().to_arrow().to_pylist()
     assert [float(p["product_price"]) for p in products if p["productId"] == "1"] == [8.1]
     report = catalog.load_table("ads_behavior.member_daily_report").scan().to_arrow()
     assert report.num_rows > 0
+
+
+def read_topic(bootstrap: str, topic: str) -> dict[tuple[int, int], bytes]:
+    """Every record of `topic`, read from offset 0 until a poll comes back empty (the local broker's
+    watermarks cannot be trusted); keyed by (partition, offset)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "demo-test", "enable.auto.commit": False}
+    )
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        records: dict[tuple[int, int], bytes] = {}
+        while messages := consumer.consume(10_000, timeout=3):
+            for m in messages:
+                if m.error() is None:
+                    records[(m.partition(), m.offset())] = m.value()
+        return records
+    finally:
+        consumer.close()

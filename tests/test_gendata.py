@@ -30,7 +30,8 @@ def test_valid_events_follow_the_clickevent_shape():
         assert len(event["cookieId"]) == 15 and event["cookieId"].isalpha()
 
 
-def test_bad_ratio_mixes_every_malformed_kind_and_the_ingest_rejects_each():
+def test_bad_ratio_mixes_every_malformed_kind_and_the_validator_rejects_each():
+    # The ingest itself rejecting gendata's kinds: tests/test_clickstream_ingest.py (end to end).
     records = list(generate_records(3000, seed=3, bad_ratio=0.3))
     bad = [r for r in records if r.kind != VALID]
     assert {r.kind for r in bad} == set(MALFORMED_KINDS)
