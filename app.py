@@ -9,7 +9,7 @@ import sys
 from aws_cdk import App
 
 from infra.lakehouse_app import build_lakehouse, config_from_context
-from lakehouse.config import ConfigError
+from jobs.config import ConfigError
 
 
 def main() -> None:

@@ -70,7 +70,7 @@ def _ingest(spark, config, topic: str, fact: str, max_records: int):
 def warm_up(spark, config) -> None:
     """One small ingest on its own topic and tables first: the measured runs then see a warm JVM
     (JIT, class loading, Python workers), as a long-running job does after its first minute."""
-    from lakehouse.gendata import generate_records, produce, producer_config
+    from jobs.gendata import generate_records, produce, producer_config
 
     topic = "bench_warmup"
     _create_topic(config.kafka.bootstrap, topic)
@@ -101,7 +101,7 @@ def _produce_paced(producer_props: dict, topic: str, rate: float, count: int, ou
     """
     from confluent_kafka import Producer
 
-    from lakehouse.gendata import generate_records
+    from jobs.gendata import generate_records
 
     sent: list[tuple[int, int, float]] = []
     producer = Producer(producer_props | {"linger.ms": 1})
@@ -184,7 +184,7 @@ class _VisibleOffsets:
 def freshness(spark, config, catalog_path: Path, rate: float, seconds: float) -> tuple[list[float], int]:
     """Latencies (produced -> visible) of every record sent at `rate`, and how many never showed."""
     from jobs.common.run_modes import RunMode, run_batches
-    from lakehouse.gendata import generate_records, produce, producer_config
+    from jobs.gendata import generate_records, produce, producer_config
 
     topic = "bench_fresh"
     _create_topic(config.kafka.bootstrap, topic)
@@ -225,9 +225,9 @@ def run() -> list[dict]:
     fresh_seconds = float(os.environ.get("BENCH_FRESHNESS_SECONDS", "30"))
     with private_stack("clickstream") as stack:
         from jobs.clickstream_ingest import job_spark_conf
+        from jobs.config import LakehouseConfig
+        from jobs.gendata import generate_records, produce, producer_config
         from jobs.spark_session import build_spark
-        from lakehouse.config import LakehouseConfig
-        from lakehouse.gendata import generate_records, produce, producer_config
 
         config = LakehouseConfig.local(stack.settings.home)
         topic = "bench_backlog"

@@ -86,9 +86,9 @@ def run() -> list[dict]:
     appends = int(os.environ.get("BENCH_COMPACTION_APPENDS", "200"))
     rows = int(os.environ.get("BENCH_COMPACTION_ROWS", "500"))
     with private_stack("compaction") as stack:
+        from jobs.config import LakehouseConfig
         from jobs.maintain import MaintainSettings, maintain_table
         from jobs.spark_session import build_spark, stop_spark
-        from lakehouse.config import LakehouseConfig
         from lakehouse.local.catalog import pyiceberg_catalog
 
         config = LakehouseConfig.local(stack.settings.home)

@@ -35,9 +35,9 @@ def run() -> list[dict]:
     with private_stack("views") as stack:
         from jobs.clickstream.schema import fact_table_ddl
         from jobs.common.run_modes import RunMode, StopRequest, run_batches
+        from jobs.config import LakehouseConfig
         from jobs.product_views import ProductViews, ViewsSettings
         from jobs.spark_session import build_spark, stop_spark
-        from lakehouse.config import LakehouseConfig
 
         config = LakehouseConfig.local(stack.settings.home)
         spark = build_spark(config, "views-bench", {"spark.sql.shuffle.partitions": "2"})

@@ -2,7 +2,7 @@
 
 `app.py` reads `-c env=dev|prod` once and builds a `DeploymentConfig`; constructs receive typed values
 from it and never read CDK context themselves. dev and prod differ only by the values below.
-Shared names (catalog, namespaces, topic, source database) come from `lakehouse.config`, the model the
+Shared names (catalog, namespaces, topic, source database) come from `jobs.config`, the model the
 jobs use, so the cluster and the jobs cannot disagree about them.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_logs as logs
 
-from lakehouse.config import ConfigError
+from jobs.config import ConfigError
 
 DEPLOYABLE_ENVIRONMENTS: tuple[str, ...] = ("dev", "prod")
 
@@ -82,6 +82,19 @@ class ComputeSettings:
 
 
 @dataclass(frozen=True)
+class JobSettings:
+    """How the jobs run on the cluster (infra/constructs/job_deployment.py). Both environments run
+    one EMR step per streaming job (CDC, ingest, views), so each can be restarted alone; a single
+    `jobs.streaming` application for a small dev cluster is not built yet."""
+
+    report_hour_utc: int  # the daily report runs at HH:30 UTC (for the day so far)
+    maintain_every: Duration
+    supervisor_every: Duration  # how often the step supervisor reconciles without an event
+    max_failures_per_hour: int  # a streaming job failing more often is given up and alerted
+    log_retention: logs.RetentionDays
+
+
+@dataclass(frozen=True)
 class MonitoringSettings:
     rds_free_storage_alarm_bytes: int
     msk_disk_used_alarm_percent: int
@@ -102,6 +115,7 @@ class DeploymentConfig:
     source_database: SourceDatabaseSettings
     compute: ComputeSettings
     monitoring: MonitoringSettings
+    jobs: JobSettings
 
     @property
     def removal_policy(self) -> RemovalPolicy:
@@ -213,6 +227,13 @@ _DEV = DeploymentConfig(
         rds_free_storage_alarm_bytes=2 * 1024**3,
         msk_disk_used_alarm_percent=80,
     ),
+    jobs=JobSettings(
+        report_hour_utc=23,
+        maintain_every=Duration.hours(1),
+        supervisor_every=Duration.minutes(5),
+        max_failures_per_hour=5,
+        log_retention=logs.RetentionDays.ONE_WEEK,
+    ),
 )
 
 _PROD = replace(
@@ -262,6 +283,13 @@ _PROD = replace(
     monitoring=MonitoringSettings(
         rds_free_storage_alarm_bytes=10 * 1024**3,
         msk_disk_used_alarm_percent=75,
+    ),
+    jobs=JobSettings(
+        report_hour_utc=23,
+        maintain_every=Duration.hours(1),
+        supervisor_every=Duration.minutes(2),
+        max_failures_per_hour=10,
+        log_retention=logs.RetentionDays.THREE_MONTHS,
     ),
 )
 

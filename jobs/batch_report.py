@@ -35,8 +35,8 @@ from pyspark.sql.types import DecimalType
 from jobs.clickstream.schema import FACT_TABLE, PRODUCTS_TABLE
 from jobs.common.job_args import add_environment_args, config_from_args
 from jobs.common.snapshot_progress import retry_commit
+from jobs.config import ConfigError, LakehouseConfig
 from jobs.spark_session import build_spark, stop_spark
-from lakehouse.config import ConfigError, LakehouseConfig
 
 log = logging.getLogger("batch_report")
 

@@ -2,14 +2,19 @@
 
 `lakehouse run cdc` locally; the same module is what the EMR step runs.
 
-* A table with no stored position gets an initial snapshot (position noted first, then the rows,
-  committed together). `--resync TABLE` does the same on purpose.
-* Then the binlog is tailed from the oldest stored position. Each micro-batch is reduced per primary
-  key to its last change and applied with one MERGE per table whose commit summary carries the
-  binlog position after the batch (`lakehouse.cdc.position`). A transaction at or before a table's
-  stored position is skipped for that table, so a restart neither loses nor re-applies changes.
-* `ALTER TABLE ... ADD COLUMN` is followed; other DDL on a synced table stops that table's sync with
-  an error naming the statement and the fix.
+* A table with no stored position gets an initial snapshot: the rows read in a consistent snapshot
+  and that snapshot's binlog position, committed together. `--resync TABLE` does the same on purpose.
+* Then the binlog is tailed from the oldest stored position (by GTID on MariaDB). Each micro-batch
+  is reduced per primary key to its last change and applied with one MERGE per table whose commit
+  summary carries the binlog position after the batch (`lakehouse.cdc.position`). A transaction at
+  or before a table's stored position is skipped for that table, so a restart neither loses nor
+  re-applies changes. A table with no changes gets a progress-only commit (at most every
+  --progress-seconds) so its position keeps up with the binlog.
+* Every commit checks that the stored position is still the batch's start: a second CDC job on the
+  same table stops with an error (exit 3) instead of committing.
+* `ALTER TABLE ... ADD COLUMN` is followed (re-snapshotting the table when the new column fills the
+  existing rows: DEFAULT / NOT NULL); other DDL, or a column type with no Iceberg mapping, stops that
+  table's sync with an error naming the statement and the fix.
 """
 
 from __future__ import annotations
@@ -25,20 +30,24 @@ from dataclasses import dataclass, field
 import pymysql
 from tenacity import before_sleep_log, retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from jobs.cdc import apply_changes, snapshot, source_db, target_table
+from jobs.cdc import apply_changes, position_commit, snapshot, source_db, target_table
 from jobs.cdc.binlog_reader import BinlogPosition, BinlogReader, DdlEvent, Transaction
 from jobs.cdc.change_batch import RowChange, last_change_per_key
-from jobs.cdc.target_table import POSITION_KEY
+from jobs.cdc.position_check import position_problem
+from jobs.cdc.schema_mapping import UnsupportedType
 from jobs.common.job_args import add_environment_args, config_from_args
 from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
-from jobs.common.snapshot_progress import read_progress
-from lakehouse.config import SOURCE_DATABASE, ConfigError, LakehouseConfig
+from jobs.common.snapshot_progress import CONCURRENT_WRITER_EXIT, ConcurrentWriterError
+from jobs.config import SOURCE_DATABASE, ConfigError, LakehouseConfig
 
 log = logging.getLogger("cdc_sync")
 
 DEFAULT_TABLES = ("user_db.products=dim_db.products", "user_db.user_member=dim_db.user_member")
 MAX_BATCH_CHANGES = 300_000  # bounds memory while catching up
 DRAIN_SECONDS = 0.5
+# A quiet table's stored position follows the binlog at most this often: far below the source's
+# binlog retention (24 h on RDS), and a restart re-reads at most this much of the binlog.
+PROGRESS_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,7 @@ class TableState:
     columns: list[tuple[str, str]]
     position: BinlogPosition
     error: str | None = None
+    last_commit: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -103,6 +113,7 @@ class CdcSync:
         max_batch_changes: int = MAX_BATCH_CHANGES,
         on_commit: Callable[[str, list[RowChange], float], None] | None = None,
         connect_timeout: float = 120.0,
+        progress_seconds: float = PROGRESS_SECONDS,
     ) -> None:
         self.spark = spark
         self.config = config
@@ -112,6 +123,7 @@ class CdcSync:
         self.max_batch_changes = max_batch_changes
         self.on_commit = on_commit
         self.connect_timeout = connect_timeout
+        self.progress_seconds = progress_seconds
         self.credentials = source_db.cdc_credentials(config)
         self.tables: dict[tuple[str, str], TableState] = {}
         self.reader: BinlogReader | None = None
@@ -141,10 +153,9 @@ class CdcSync:
     def start(self) -> CdcSync:
         conn = self._connect()
         try:
-            is_mariadb = "mariadb" in conn.get_server_info().lower()
-            available = set(source_db.binary_logs(conn))
+            is_mariadb = source_db.is_mariadb(conn)
             for spec in self.specs:
-                self.tables[(spec.source_schema, spec.source_name)] = self._prepare(conn, spec, available)
+                self.tables[(spec.source_schema, spec.source_name)] = self._prepare(conn, spec, is_mariadb)
         finally:
             conn.close()
         active = [t for t in self.tables.values() if t.error is None]
@@ -160,39 +171,51 @@ class CdcSync:
             log.info("tailing the binlog from %s for %s", start, ", ".join(t.spec.target for t in active))
         return self
 
-    def _prepare(self, conn: pymysql.Connection, spec: TableSpec, available: set[str]) -> TableState:
+    def _prepare(self, conn: pymysql.Connection, spec: TableSpec, is_mariadb: bool) -> TableState:
         stored = None
         if target_table.table_exists(self.spark, spec.target):
-            stored = read_progress(self.spark, spec.target, POSITION_KEY)
+            stored = position_commit.stored_position(self.spark, spec.target)
         wants_resync = any(spec.matches(name) for name in self.resync)
-        if stored is None or wants_resync:
-            began = time.monotonic()
-            position = snapshot.snapshot_table(
-                self.spark, conn, spec.source_schema, spec.source_name, spec.target
-            )
-            log.info(
-                "snapshot %s -> %s at %s (%.1fs)",
-                spec.source,
-                spec.target,
-                position,
-                time.monotonic() - began,
-            )
-        else:
-            position = BinlogPosition.from_json(stored)
-        source = source_db.describe_table(conn, spec.source_schema, spec.source_name)
+        try:
+            position = self._snapshot(conn, spec) if stored is None or wants_resync else stored
+            source = source_db.describe_table(conn, spec.source_schema, spec.source_name)
+            for column in source.columns:
+                column.spark_type  # noqa: B018 - raises UnsupportedType for a type with no mapping
+        except UnsupportedType as exc:
+            state = TableState(spec, (), [], stored or BinlogPosition("", 0))
+            state.error = f"{spec.target}: cannot sync {spec.source}: {exc}; change or drop that column"
+            log.error(state.error)
+            return state
         target_table.configure_table(self.spark, spec.target, source.key)
         state = TableState(spec, source.key, target_table.target_columns(self.spark, spec.target), position)
-        if position.file not in available:
+        # Only a stored position can be stale; a fresh snapshot's is the source's own.
+        problem = None if position is not stored else self._position_problem(conn, position, is_mariadb)
+        if problem is not None:
             state.error = (
-                f"{spec.target}: its stored binlog position {position} is no longer on the server "
-                f"(binlog purged); {resync_hint(spec)}"
+                f"{spec.target}: its stored binlog position {position} is {problem}; {resync_hint(spec)}"
             )
             log.error(state.error)
         return state
 
+    @staticmethod
+    def _position_problem(conn: pymysql.Connection, position: BinlogPosition, is_mariadb: bool) -> str | None:
+        gtid_state = source_db.mariadb_gtid_state(conn) if is_mariadb else None
+        return position_problem(position, source_db.binary_logs(conn), gtid_state)
+
+    def _snapshot(self, conn: pymysql.Connection, spec: TableSpec) -> BinlogPosition:
+        began = time.monotonic()
+        position = snapshot.snapshot_table(
+            self.spark, conn, spec.source_schema, spec.source_name, spec.target
+        )
+        log.info(
+            "snapshot %s -> %s at %s (%.1fs)", spec.source, spec.target, position, time.monotonic() - began
+        )
+        return position
+
     # ---- one micro-batch ----------------------------------------------------------------------
 
-    def _drain(self) -> tuple[list[Transaction], DdlEvent | None]:
+    def _drain(self) -> tuple[list[Transaction], DdlEvent | None, bool]:
+        """Queued transactions up to the next DDL; the flag says whether the queue ran empty."""
         transactions: list[Transaction] = []
         count = 0
         deadline = time.monotonic() + DRAIN_SECONDS
@@ -202,12 +225,12 @@ class CdcSync:
                 # fewer, larger MERGEs. Bounded so a steady trickle cannot delay the commit.
                 item = self.reader.items.get(timeout=0.05)
             except queue.Empty:
-                break
+                return transactions, None, True
             if isinstance(item, DdlEvent):
-                return transactions, item
+                return transactions, item, False
             transactions.append(item)
             count += sum(len(v) for v in item.changes.values())
-        return transactions, None
+        return transactions, None, False
 
     def run_batch(self) -> int:
         """Apply what the reader has queued; returns the number of row changes applied."""
@@ -216,12 +239,16 @@ class CdcSync:
         if self.reader.fatal is not None:
             self._fail_all(f"binlog unreadable from {self.reader.position}: {self.reader.fatal}")
             return 0
-        transactions, ddl = self._drain()
+        # Read before draining: every transaction ending at or before it is then drained or applied.
+        read_up_to = self.reader.position
+        transactions, ddl, drained_all = self._drain()
         report = BatchReport()
         if transactions:
             self._apply(transactions, report)
         if ddl is not None:
             self._apply_ddl(ddl)
+        if drained_all:
+            self._commit_progress(read_up_to)
         if report.changes:
             log.info(
                 "cdc batch: %s | position %s | commit %.0f ms | lag %.1f s",
@@ -248,8 +275,11 @@ class CdcSync:
                 continue
             latest = last_change_per_key(changes)
             began = time.monotonic()
-            apply_changes.apply_changes(self.spark, state.spec.target, state.columns, state.key, latest, end)
+            apply_changes.apply_changes(
+                self.spark, state.spec.target, state.columns, state.key, latest, state.position, end
+            )
             committed = time.time()
+            state.last_commit = time.monotonic()
             report.commit_ms += (time.monotonic() - began) * 1000
             report.changes[state.spec.target.split(".", 1)[-1]] = len(changes)
             state.position = end
@@ -257,6 +287,26 @@ class CdcSync:
                 self.on_commit(state.spec.target, latest, committed)
         report.position = end
         report.lag_seconds = max(0.0, time.time() - transactions[-1].timestamp)
+
+    def _commit_progress(self, position: BinlogPosition) -> None:
+        """Move quiet tables' stored positions up to `position` (everything before it is applied)."""
+        for state in self.tables.values():
+            if state.error is not None or position.order <= state.position.order:
+                continue
+            if time.monotonic() - state.last_commit < self.progress_seconds:
+                continue
+            target = state.spec.target
+            position_commit.commit_position(
+                self.spark,
+                target,
+                state.position,
+                position,
+                lambda properties, target=target: position_commit.commit_progress_only(
+                    self.spark, target, properties
+                ),
+            )
+            state.position, state.last_commit = position, time.monotonic()
+            log.info("%s: no changes; stored position moved to %s", target, position)
 
     def _apply_ddl(self, ddl: DdlEvent) -> None:
         for source_key in ddl.tables:
@@ -272,11 +322,35 @@ class CdcSync:
                 )
                 log.error(state.error)
                 continue
-            added = target_table.add_columns(self.spark, state.spec.target, ddl.change.added_columns)
+            try:
+                added = target_table.add_columns(self.spark, state.spec.target, ddl.change.added_columns)
+            except UnsupportedType as exc:
+                state.error = (
+                    f"{state.spec.target}: sync stopped at {ddl.end}: `{statement}` on {state.spec.source}: "
+                    f"{exc}; change that column's type (or drop it), then {resync_hint(state.spec)}"
+                )
+                log.error(state.error)
+                continue
             state.columns = target_table.target_columns(self.spark, state.spec.target)
             log.info(
                 "%s: schema evolved by `%s` (added %s)", state.spec.target, statement, added or "nothing new"
             )
+            if ddl.change.fills_existing_rows:
+                # The source filled existing rows without row events: re-read the table.
+                self._resnapshot(state, f"`{statement}` filled existing rows")
+
+    def _resnapshot(self, state: TableState, why: str) -> None:
+        stored = position_commit.stored_position(self.spark, state.spec.target)
+        if stored != state.position:
+            raise position_commit.other_writer(state.spec.target, stored, state.position)
+        conn = self._connect()
+        try:
+            state.position = self._snapshot(conn, state.spec)
+        finally:
+            conn.close()
+        state.columns = target_table.target_columns(self.spark, state.spec.target)
+        state.last_commit = time.monotonic()
+        log.info("%s: re-snapshotted (%s)", state.spec.target, why)
 
     def _fail_all(self, reason: str) -> None:
         for state in self.tables.values():
@@ -315,6 +389,7 @@ class CdcArgs:
     resync: tuple[str, ...]
     server_id: int | None
     mode: RunMode
+    progress_seconds: float = PROGRESS_SECONDS
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, CdcArgs]:
@@ -336,9 +411,20 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, CdcArgs]:
         help="re-snapshot TABLE (e.g. user_db.products)",
     )
     parser.add_argument("--server-id", type=int, help="replication client id (unique per reader)")
+    parser.add_argument(
+        "--progress-seconds",
+        type=float,
+        default=PROGRESS_SECONDS,
+        help="at most this often, store the binlog position of tables without changes "
+        f"(default {PROGRESS_SECONDS:.0f})",
+    )
     args = parser.parse_args(list(argv))
     return args, CdcArgs(
-        tuple(args.table or DEFAULT_TABLES), tuple(args.resync), args.server_id, RunMode.from_args(args)
+        tuple(args.table or DEFAULT_TABLES),
+        tuple(args.resync),
+        args.server_id,
+        RunMode.from_args(args),
+        args.progress_seconds,
     )
 
 
@@ -357,11 +443,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     spark = build_spark(config, "cdc_sync")
     stop = StopRequest().install()
-    sync = CdcSync(spark, config, specs, resync=args.resync, server_id=args.server_id)
+    sync = CdcSync(
+        spark,
+        config,
+        specs,
+        resync=args.resync,
+        server_id=args.server_id,
+        progress_seconds=args.progress_seconds,
+    )
+    try:
+        return run_sync(sync, args.mode, stop)
+    finally:
+        stop_spark(spark)
+
+
+def run_sync(sync: CdcSync, mode: RunMode, stop: StopRequest) -> int:
+    """Start `sync` and run batches until the mode says stop; returns the exit code.
+
+    2: some table stopped with an error. 3: another CDC job committed to a table (nothing written).
+    """
     try:
         sync.start()
         target = None
-        if args.mode.until_idle:
+        if mode.until_idle:
             conn = sync._connect()
             try:
                 target = BinlogPosition(*source_db.master_position(conn))
@@ -374,11 +478,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 stop.set()
             return handled
 
-        total = run_batches(batch, args.mode, stop)
+        total = run_batches(batch, mode, stop)
         log.info("cdc stopped after %d changes", total)
+    except ConcurrentWriterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return CONCURRENT_WRITER_EXIT
     finally:
         sync.close()
-        stop_spark(spark)
     for error in sync.errors:
         print(f"error: {error}", file=sys.stderr)
     return 2 if sync.errors else 0

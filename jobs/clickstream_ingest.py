@@ -63,6 +63,7 @@ from jobs.common.job_args import add_environment_args, config_from_args
 from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
 from jobs.common.snapshot_progress import (
     COMMIT_ID_KEY,
+    CONCURRENT_WRITER_EXIT,
     ConcurrentWriterError,
     exclusive_append_options,
     find_commit,
@@ -71,8 +72,8 @@ from jobs.common.snapshot_progress import (
     retry_commit,
     writer_options,
 )
+from jobs.config import KafkaConfig, LakehouseConfig
 from jobs.spark_session import build_spark, stop_spark
-from lakehouse.config import KafkaConfig, LakehouseConfig
 
 log = logging.getLogger("clickstream_ingest")
 
@@ -406,7 +407,10 @@ def main(argv: list[str] | None = None) -> int:
         total = run_batches(ingest.run_batch, RunMode.from_args(args), stop)
         ingest.finish()
         log.info("stopped after %d batches, %d records", ingest.batches, total)
-    except (ConcurrentWriterError, OffsetsRegressed) as exc:
+    except ConcurrentWriterError as exc:
+        log.error("%s", exc)
+        return CONCURRENT_WRITER_EXIT
+    except OffsetsRegressed as exc:
         log.error("%s", exc)
         return 1
     finally:

@@ -33,10 +33,10 @@ from rich.filesize import decimal
 from rich.table import Table
 
 from jobs.common.job_args import add_environment_args, config_from_args
+from jobs.config import NAMESPACES, LakehouseConfig
 from jobs.maintenance import procedures
 from jobs.maintenance.procedures import TableStats, error_summary, table_stats
 from jobs.spark_session import build_spark, stop_spark
-from lakehouse.config import NAMESPACES, LakehouseConfig
 
 log = logging.getLogger("maintain")
 

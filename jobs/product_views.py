@@ -33,14 +33,15 @@ from jobs.clickstream.validation import offsets_at_or_after
 from jobs.common.job_args import add_environment_args, config_from_args
 from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
 from jobs.common.snapshot_progress import (
+    CONCURRENT_WRITER_EXIT,
     ConcurrentWriterError,
     progress_as_of,
     read_progress,
     retry_commit,
     with_snapshot_properties,
 )
+from jobs.config import LakehouseConfig
 from jobs.spark_session import build_spark, stop_spark
-from lakehouse.config import LakehouseConfig
 
 log = logging.getLogger("product_views")
 
@@ -298,7 +299,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         views.prepare()
         total = run_batches(views.run_batch, RunMode.from_args(args), stop)
         log.info("stopped after %d batches, %d views counted", views.batches, total)
-    except (ConcurrentWriterError, ClickOffsetsRegressed) as exc:
+    except ConcurrentWriterError as exc:
+        log.error("%s", exc)
+        return CONCURRENT_WRITER_EXIT
+    except ClickOffsetsRegressed as exc:
         log.error("%s", exc)
         return 1
     finally:

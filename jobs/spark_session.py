@@ -8,8 +8,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from lakehouse.config import ConfigError, LakehouseConfig
-from lakehouse.local.catalog import BUSY_TIMEOUT_MS
+from jobs.config import SQLITE_BUSY_TIMEOUT_MS, ConfigError, LakehouseConfig
 
 ICEBERG_RUNTIME_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
 # Built by `make setup` (scripts/build_iceberg_jars.sh): the relocated Jackson the runtime jar lacks.
@@ -55,7 +54,7 @@ def spark_conf(config: LakehouseConfig) -> dict[str, str]:
                 # Schema created by `lakehouse local up` (see lakehouse/local/catalog.py for why).
                 f"{cat}.jdbc.init-catalog-tables": "false",
                 # Passed to the SQLite driver: wait for a lock instead of failing the commit.
-                f"{cat}.jdbc.busy_timeout": str(BUSY_TIMEOUT_MS),
+                f"{cat}.jdbc.busy_timeout": str(SQLITE_BUSY_TIMEOUT_MS),
                 "spark.jars": ",".join(config.spark.jars or local_spark_jars()),
                 "spark.driver.memory": config.spark.driver_memory,
                 "spark.driver.host": "127.0.0.1",

@@ -15,7 +15,7 @@ from datetime import date, datetime
 from decimal import Decimal
 from pathlib import Path
 
-from lakehouse.config import LakehouseConfig
+from jobs.config import LakehouseConfig
 from lakehouse.local import catalog
 
 

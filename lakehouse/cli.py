@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from lakehouse.config import ConfigError, LakehouseConfig
+from jobs.config import ConfigError, LakehouseConfig
 from lakehouse.local.process import StackError
 from lakehouse.local.settings import StackSettings
 from lakehouse.local.stack import LocalStack
@@ -169,7 +169,7 @@ def run(ctx: click.Context, job: str | None, job_args: tuple[str, ...]) -> None:
 @click.argument("gendata_args", nargs=-1, type=click.UNPROCESSED)
 def gendata(gendata_args: tuple[str, ...]) -> None:
     """Produce ClickEvents to Kafka; `lakehouse gendata --help` lists the options."""
-    from lakehouse import gendata as generator
+    from jobs import gendata as generator
 
     sys.exit(generator.main(list(gendata_args)) or 0)
 

@@ -19,7 +19,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from lakehouse.config import LakehouseConfig
+from jobs.config import LakehouseConfig
 from lakehouse.freshness import FreshnessTracker
 from lakehouse.local.catalog import pyiceberg_catalog
 from lakehouse.local.mariadb import APP_USER
@@ -146,7 +146,7 @@ def run_demo(console: Console, options: DemoOptions) -> None:
 
 
 def stream(console, options, config, conn, catalog, supervisor, tracker, state) -> None:
-    from lakehouse.gendata import generate_records, produce, producer_config
+    from jobs.gendata import generate_records, produce, producer_config
 
     count = int(options.rate * options.seconds)
     stop = threading.Event()
@@ -228,7 +228,7 @@ def refresh(catalog, tracker: FreshnessTracker, state: DemoState, elapsed: float
 def warm_up(config, catalog, tracker: FreshnessTracker, supervisor: Supervisor, timeout: float) -> None:
     """A few events through the ingest before the clock starts: the first micro-batch of a fresh
     Spark job pays for starting its Python workers, which is not what freshness should measure."""
-    from lakehouse.gendata import generate_records, produce, producer_config
+    from jobs.gendata import generate_records, produce, producer_config
 
     events = generate_records(30)
     produce(producer_config(config), config.kafka.topic, events, 30, on_delivered=tracker.produced)

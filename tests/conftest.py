@@ -64,7 +64,7 @@ def local_stack(stack_env: dict[str, str]):
 
 @pytest.fixture(scope="session")
 def lake_config(local_stack):
-    from lakehouse.config import LakehouseConfig
+    from jobs.config import LakehouseConfig
 
     return LakehouseConfig.local(local_stack.settings.home)
 

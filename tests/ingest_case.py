@@ -10,7 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
-from lakehouse.gendata import VALID, generate_records, produce, producer_config
+from jobs.gendata import VALID, generate_records, produce, producer_config
 
 REPO = Path(__file__).resolve().parent.parent
 LAKEHOUSE_BIN = str(Path(sys.prefix) / "bin" / "lakehouse")

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import queue
 import random
 import signal
 import subprocess
 import threading
 import time
+from collections import Counter
 from decimal import Decimal
 
 import pymysql
@@ -64,19 +67,25 @@ def catch_up(sync: CdcSync, timeout: float = 120.0) -> int:
         time.sleep(0.1)
 
 
-def mysql_rows(conn: pymysql.Connection, table: str, columns: list[str]) -> set[tuple]:
+def mysql_rows(conn: pymysql.Connection, table: str, columns: list[str]) -> Counter:
+    """The source rows as a multiset (the source's primary key makes every count 1)."""
     cols = ", ".join(f"CAST(`{c}` AS CHAR)" for c in columns)
     with conn.cursor() as cur:
         cur.execute("SET time_zone = '+00:00'")
         cur.execute(f"SELECT {cols} FROM {table}")
-        rows = {tuple(r) for r in cur.fetchall()}
+        rows = Counter(tuple(r) for r in cur.fetchall())
     conn.commit()
     return rows
 
 
-def iceberg_rows(spark, table: str, columns: list[str]) -> set[tuple]:
+def iceberg_rows(spark, table: str, columns: list[str]) -> Counter:
+    """The lake rows as a multiset, after asserting the key (first column) is unique."""
     cols = ", ".join(f"CAST(`{c}` AS STRING)" for c in columns)
-    return {tuple(r) for r in spark.sql(f"SELECT {cols} FROM {table}").collect()}
+    rows = Counter(tuple(r) for r in spark.sql(f"SELECT {cols} FROM {table}").collect())
+    keys = Counter(row[0] for row in rows.elements())
+    duplicated = [k for k, n in keys.items() if n > 1]
+    assert not duplicated, f"{table}: {len(duplicated)} keys occur more than once, e.g. {duplicated[:3]}"
+    return rows
 
 
 def random_workload(conn: pymysql.Connection, table: str, statements: int, seed: int, keys: int = 400) -> int:
@@ -169,9 +178,11 @@ def make_sync(spark, lake_config):
     """CdcSync factory; every reader gets its own replication server id and is closed after."""
     made: list[CdcSync] = []
 
-    def factory(*pairs: str, resync: tuple[str, ...] = ()) -> CdcSync:
+    def factory(*pairs: str, resync: tuple[str, ...] = (), progress_seconds: float | None = None) -> CdcSync:
         specs = [TableSpec.parse(p, lake_config) for p in pairs]
         sync = CdcSync(spark, lake_config, specs, resync=resync, server_id=next(_server_ids))
+        if progress_seconds is not None:
+            sync.progress_seconds = progress_seconds
         made.append(sync)
         return sync.start()
 
@@ -189,11 +200,35 @@ def fresh_test_table(spark, conn, name: str) -> str:
 def assert_converged(spark, conn, name: str, columns: list[str] = COLUMNS) -> int:
     expected = mysql_rows(conn, f"user_db.{name}", columns)
     actual = iceberg_rows(spark, f"lakehouse.dim_db.{name}", columns)
+    missing, extra = expected - actual, actual - expected
     assert actual == expected, (
-        f"{len(expected ^ actual)} rows differ; mysql-only sample {sorted(expected - actual)[:3]}, "
-        f"iceberg-only sample {sorted(actual - expected)[:3]}"
+        f"{sum(missing.values()) + sum(extra.values())} rows differ; mysql-only sample "
+        f"{sorted(missing)[:3]}, iceberg-only sample {sorted(extra)[:3]}"
     )
-    return len(expected)
+    return sum(expected.values())
+
+
+# ---- the MERGE step ----------------------------------------------------------------------------
+
+
+def test_apply_changes_updates_inserts_and_deletes(spark) -> None:
+    from jobs.cdc.apply_changes import apply_changes
+    from jobs.cdc.change_batch import DELETE, UPSERT, RowChange
+
+    table = "lakehouse.dim_db.cdc_test_merge_step"
+    spark.sql(f"DROP TABLE IF EXISTS {table}")
+    spark.sql(f"CREATE TABLE {table} (id STRING NOT NULL, qty INT) USING iceberg")
+    spark.sql(f"INSERT INTO {table} VALUES ('keep', 1), ('update', 2), ('delete', 3)")
+    columns = [("id", "string"), ("qty", "int")]
+    changes = [
+        RowChange(UPSERT, ("update",), {"id": "update", "qty": 20}),
+        RowChange(UPSERT, ("insert",), {"id": "insert", "qty": 40}),
+        RowChange(DELETE, ("delete",), {"id": "delete", "qty": 3}),
+        RowChange(DELETE, ("never-there",), {"id": "never-there", "qty": 5}),
+    ]
+    apply_changes(spark, table, columns, ("id",), changes, None, BinlogPosition("mysql-bin.000001", 4))
+    rows = Counter(tuple(r) for r in spark.sql(f"SELECT id, qty FROM {table}").collect())
+    assert rows == Counter([("keep", 1), ("update", 20), ("insert", 40)])
 
 
 # ---- the seed tables ----------------------------------------------------------------------------
@@ -265,18 +300,39 @@ def test_seed_tables_sync_inserts_updates_deletes(spark, app_conn, make_sync) ->
     )
 
 
-def test_no_empty_commits(spark, app_conn, make_sync) -> None:
-    pair = fresh_test_table(spark, app_conn, "cdc_test_quiet")
-    other = fresh_test_table(spark, app_conn, "cdc_test_busy")
-    sync = make_sync(pair, other)
-    before = spark.sql("SELECT count(*) FROM lakehouse.dim_db.cdc_test_quiet.snapshots").collect()[0][0]
+def stored_position(spark, table: str) -> BinlogPosition:
+    from jobs.cdc.target_table import POSITION_KEY
+    from jobs.common.snapshot_progress import read_progress
+
+    return BinlogPosition.from_json(read_progress(spark, table, POSITION_KEY))
+
+
+def snapshot_count(spark, table: str) -> int:
+    return spark.sql(f"SELECT count(*) FROM {table}.snapshots").collect()[0][0]
+
+
+def test_quiet_table_position_advances_by_progress_commits(spark, app_conn, make_sync) -> None:
+    quiet = fresh_test_table(spark, app_conn, "cdc_test_quiet")
+    busy = fresh_test_table(spark, app_conn, "cdc_test_busy")
+    sync = make_sync(quiet, busy, progress_seconds=0.0)  # a progress commit whenever the position moved
     with app_conn.cursor() as cur:
         cur.execute("INSERT INTO cdc_test_busy (id, name) VALUES ('a', 'b')")
     app_conn.commit()
+    target = end_of_binlog(sync)
     assert catch_up(sync) == 1
-    assert catch_up(sync) == 0
-    after = spark.sql("SELECT count(*) FROM lakehouse.dim_db.cdc_test_quiet.snapshots").collect()[0][0]
-    assert after == before
+    sync.run_batch()
+    quiet_position = stored_position(spark, "lakehouse.dim_db.cdc_test_quiet")
+    assert quiet_position.order >= target.order
+    assert quiet_position == stored_position(spark, "lakehouse.dim_db.cdc_test_busy")
+    assert assert_converged(spark, app_conn, "cdc_test_quiet") == 0
+    # Nothing new in the binlog: no further commits.
+    before = snapshot_count(spark, "lakehouse.dim_db.cdc_test_quiet")
+    sync.run_batch()
+    assert snapshot_count(spark, "lakehouse.dim_db.cdc_test_quiet") == before
+    sync.close()
+    # A restart reads the binlog from there, not from the quiet table's initial snapshot.
+    restarted = make_sync(quiet, busy)
+    assert restarted.reader.start_position.order >= target.order
 
 
 # ---- convergence --------------------------------------------------------------------------------
@@ -476,3 +532,278 @@ def test_mariadb_restart_mid_run_is_survived(spark, app_conn, local_stack, secre
         assert_converged(spark, conn, name)
     finally:
         conn.close()
+
+
+def test_mariadb_kill_9_mid_run_is_survived(spark, app_conn, local_stack, secrets, make_sync) -> None:
+    from lakehouse.local.mariadb import APP_USER
+
+    name = "cdc_test_kill_db"
+    pair = fresh_test_table(spark, app_conn, name)
+    sync = make_sync(pair)
+    random_workload(app_conn, name, 300, seed=17)
+    sync.run_batch()
+    app_conn.close()
+    pid = local_stack.mariadb.process.pid()
+    os.kill(pid, signal.SIGKILL)  # no shutdown: only what reached the disk survives
+    while local_stack.mariadb.process.is_running():
+        time.sleep(0.1)
+    sync.run_batch()  # the source is down: batches keep running, the reader retries
+    local_stack.mariadb.start(secrets)
+    conn = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
+    try:
+        random_workload(conn, name, 300, seed=18)
+        catch_up(sync)
+        assert sync.reader.reconnects >= 1
+        assert not sync.errors
+        assert assert_converged(spark, conn, name) > 20
+        sync.close()
+        restarted = make_sync(pair)  # and a job restart after the crash resumes where it was
+        random_workload(conn, name, 100, seed=19)
+        catch_up(restarted)
+        assert not restarted.errors
+        assert_converged(spark, conn, name)
+    finally:
+        conn.close()
+
+
+# ---- exactly-once holes (issue 14) ---------------------------------------------------------------
+
+
+def seed_rows(conn: pymysql.Connection, table: str, count: int, prefix: str = "k") -> None:
+    with conn.cursor() as cur:
+        cur.executemany(
+            f"INSERT INTO {table} (id, name, qty, price) VALUES (%s, 'seed', %s, 1)",
+            [(f"{prefix}{i:05d}", i) for i in range(count)],
+        )
+    conn.commit()
+
+
+def test_second_writer_aborts_with_a_one_line_error(spark, lake_config, app_conn, make_sync, capsys) -> None:
+    from jobs.common.snapshot_progress import ConcurrentWriterError
+
+    name = "cdc_test_two_writers"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 10)
+    first = make_sync(pair)
+    second = make_sync(pair)  # a re-submitted step beside a live one: same stored position
+    random_workload(app_conn, name, 100, seed=31, keys=20)
+    catch_up(first)
+    committed = stored_position(spark, f"lakehouse.dim_db.{name}")
+    with pytest.raises(ConcurrentWriterError) as raised:
+        catch_up(second)
+    message = str(raised.value)
+    assert "\n" not in message and "another CDC job" in message and name in message
+    assert stored_position(spark, f"lakehouse.dim_db.{name}") == committed
+    assert_converged(spark, app_conn, name)
+    # The job's run loop turns it into a non-zero exit with that one line on stderr.
+    from jobs.cdc_sync import run_sync
+    from jobs.common.run_modes import RunMode, StopRequest
+
+    third = CdcSync(spark, lake_config, [TableSpec.parse(pair, lake_config)], server_id=next(_server_ids))
+    third.start()  # reads the stored position, then another job commits before it does
+    random_workload(app_conn, name, 30, seed=32, keys=20)
+    catch_up(first)
+    third.start = lambda: third  # run_sync starts the job; this one is already started
+    capsys.readouterr()
+    mode = RunMode(until_idle=True, idle_seconds=0.5, trigger_seconds=0.2)
+    assert run_sync(third, mode, StopRequest()) == 3
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "another CDC job" in lines[0]
+    assert_converged(spark, app_conn, name)
+
+
+def test_commit_with_unknown_outcome_that_landed_is_not_applied_again(
+    spark, app_conn, make_sync, monkeypatch
+) -> None:
+    from jobs.cdc import apply_changes
+    from jobs.cdc.target_table import POSITION_KEY
+
+    name = "cdc_test_unknown_commit"
+    pair = fresh_test_table(spark, app_conn, name)
+    sync = make_sync(pair)
+    real = apply_changes.with_snapshot_properties
+    failures = []
+
+    def lands_then_reports_unknown(spark_, properties, action):
+        real(spark_, properties, action)
+        if not failures:
+            failures.append(properties)
+            raise RuntimeError("org.apache.iceberg.exceptions.CommitStateUnknownException: injected timeout")
+
+    monkeypatch.setattr(apply_changes, "with_snapshot_properties", lands_then_reports_unknown)
+    seed_rows(app_conn, name, 50)
+    catch_up(sync)
+    assert failures, "the injected unknown outcome never happened"
+    end = failures[0][POSITION_KEY]
+    commits = spark.sql(
+        f"SELECT count(*) FROM lakehouse.dim_db.{name}.snapshots WHERE summary['{POSITION_KEY}'] = '{end}'"
+    ).collect()[0][0]
+    assert commits == 1, f"the batch ending at {end} was committed {commits} times"
+    assert assert_converged(spark, app_conn, name) == 50
+
+
+def test_add_column_with_default_or_not_null_backfills_existing_rows(spark, app_conn, make_sync) -> None:
+    name = "cdc_test_add_default"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 30)
+    sync = make_sync(pair)
+    with app_conn.cursor() as cur:
+        cur.execute(f"ALTER TABLE {name} ADD COLUMN flag INT NOT NULL DEFAULT 7")
+        cur.execute(
+            f"ALTER TABLE {name} ADD COLUMN label VARCHAR(8) DEFAULT 'x', ADD COLUMN code INT NOT NULL"
+        )
+        cur.execute(f"INSERT INTO {name} (id, name, flag, label, code) VALUES ('new', 'n', 1, 'y', 2)")
+        cur.execute(f"UPDATE {name} SET flag = 8 WHERE id = 'k00001'")
+    app_conn.commit()
+    catch_up(sync)
+    assert not sync.errors
+    assert assert_converged(spark, app_conn, name, [*COLUMNS, "flag", "label", "code"]) == 31
+
+
+def test_unmapped_column_type_stops_only_that_table(spark, app_conn, make_sync) -> None:
+    odd, fine = "cdc_test_odd_type", "cdc_test_fine"
+    sync = make_sync(fresh_test_table(spark, app_conn, odd), fresh_test_table(spark, app_conn, fine))
+    statement = f"ALTER TABLE {odd} ADD COLUMN shape POINT NULL"
+    with app_conn.cursor() as cur:
+        cur.execute(statement)
+    app_conn.commit()
+    seed_rows(app_conn, fine, 20)
+    catch_up(sync)
+    assert len(sync.errors) == 1
+    error = sync.errors[0]
+    assert odd in error and "point" in error.lower() and "\n" not in error
+    assert assert_converged(spark, app_conn, fine) == 20
+
+
+def test_write_between_snapshot_position_and_read_is_not_lost(
+    spark, app_conn, local_stack, secrets, make_sync, monkeypatch
+) -> None:
+    from jobs.cdc import snapshot
+    from lakehouse.local.mariadb import APP_USER
+
+    name = "cdc_test_snapshot_gap"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 100)
+    real_read_rows = snapshot.source_db.read_rows
+
+    def read_after_a_write(conn, table, *args, **kwargs):
+        writer = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
+        try:
+            with writer.cursor() as cur:
+                cur.execute(f"UPDATE {name} SET qty = -1, note = 'between' WHERE id < 'k00010'")
+                cur.execute(f"DELETE FROM {name} WHERE id = 'k00050'")
+                cur.execute(f"INSERT INTO {name} (id, name) VALUES ('between', 'x')")
+            writer.commit()
+        finally:
+            writer.close()
+        return real_read_rows(conn, table, *args, **kwargs)
+
+    monkeypatch.setattr(snapshot.source_db, "read_rows", read_after_a_write)
+    sync = make_sync(pair)
+    monkeypatch.setattr(snapshot.source_db, "read_rows", real_read_rows)
+    catch_up(sync)
+    assert assert_converged(spark, app_conn, name) == 100
+
+
+class _DropAfterSavepoint:
+    """A binlog stream that loses its connection right after a SAVEPOINT inside a transaction."""
+
+    dropped = 0
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def __iter__(self):
+        from pymysqlreplication.event import QueryEvent
+
+        for event in self._stream:
+            yield event
+            if (
+                isinstance(event, QueryEvent)
+                and event.query.strip().upper().startswith("SAVEPOINT")
+                and not _DropAfterSavepoint.dropped
+            ):
+                _DropAfterSavepoint.dropped += 1
+                raise pymysql.err.OperationalError(2013, "injected: lost connection mid-transaction")
+
+
+def test_reconnect_inside_a_transaction_loses_nothing(spark, app_conn, make_sync, monkeypatch) -> None:
+    from jobs.cdc.binlog_reader import BinlogReader
+
+    name = "cdc_test_savepoint"
+    pair = fresh_test_table(spark, app_conn, name)
+    real_open = BinlogReader._open
+    monkeypatch.setattr(BinlogReader, "_open", lambda self: _DropAfterSavepoint(real_open(self)))
+    _DropAfterSavepoint.dropped = 0
+    sync = make_sync(pair)
+    with app_conn.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.execute(f"INSERT INTO {name} (id, name) VALUES ('before-savepoint', 'a')")
+        cur.execute("SAVEPOINT sp1")
+        cur.execute(f"INSERT INTO {name} (id, name) VALUES ('after-savepoint', 'b')")
+        cur.execute("ROLLBACK TO SAVEPOINT sp1")
+        cur.execute(f"INSERT INTO {name} (id, name) VALUES ('after-rollback', 'c')")
+        cur.execute("COMMIT")
+    catch_up(sync)
+    assert _DropAfterSavepoint.dropped == 1 and sync.reader.reconnects >= 1
+    assert assert_converged(spark, app_conn, name) == 2
+
+
+def test_restart_resumes_after_the_stored_position(spark, app_conn, make_sync) -> None:
+    name = "cdc_test_resume"
+    pair = fresh_test_table(spark, app_conn, name)
+    sync = make_sync(pair)
+    seed_rows(app_conn, name, 40)
+    catch_up(sync)
+    sync.close()
+    stored = stored_position(spark, f"lakehouse.dim_db.{name}")
+    assert stored.gtid, "the stored position carries the GTID of the last applied transaction"
+    restarted = make_sync(pair)
+    with app_conn.cursor() as cur:
+        cur.execute(f"INSERT INTO {name} (id, name) VALUES ('marker', 'm')")
+    app_conn.commit()
+    seen = []
+    deadline = time.monotonic() + 60
+    while not any(_has_key(tx, name, "marker") for tx in seen):
+        assert time.monotonic() < deadline, "the restarted reader never queued the marker"
+        try:
+            seen.append(restarted.reader.items.get(timeout=0.5))
+        except queue.Empty:
+            pass
+    # Nothing at or before the stored position was read again.
+    assert [tx.end for tx in seen if tx.end.order <= stored.order] == []
+    for tx in seen:
+        restarted.reader.items.put(tx)
+    catch_up(restarted)
+    assert assert_converged(spark, app_conn, name) == 41
+
+
+def _has_key(tx, name: str, key: str) -> bool:
+    return any(change.key == (key,) for change in getattr(tx, "changes", {}).get(("user_db", name), []))
+
+
+def test_stored_position_past_the_source_end_asks_for_resync(spark, app_conn, make_sync) -> None:
+    from jobs.cdc.target_table import POSITION_KEY
+    from jobs.common.snapshot_progress import writer_options
+
+    name = "cdc_test_past_end"
+    pair = fresh_test_table(spark, app_conn, name)
+    first = make_sync(pair)
+    end = end_of_binlog(first)
+    first.close()
+    table = f"lakehouse.dim_db.{name}"
+    # As after a source crash that lost the binlog tail the lake had already applied.
+    for ahead in (
+        BinlogPosition(end.file, end.pos + 100_000, end.gtid),
+        BinlogPosition(end.file[:-6] + "999999", 4, end.gtid),
+    ):
+        spark.table(table).writeTo(table).options(
+            **writer_options({POSITION_KEY: ahead.to_json()})
+        ).overwrite(F.lit(True))
+        sync = make_sync(pair)
+        assert len(sync.errors) == 1, ahead
+        assert "past the end" in sync.errors[0] and f"--resync user_db.{name}" in sync.errors[0]
+        sync.close()

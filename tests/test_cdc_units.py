@@ -1,4 +1,7 @@
-"""Pure parts of the CDC job: type mapping, DDL classification, per-key reduction, MERGE text."""
+"""Pure parts of the CDC job: type mapping, DDL classification, per-key reduction, MERGE text.
+
+What the MERGE does to a real table is tested in test_cdc_sync.py
+(`test_apply_changes_updates_inserts_and_deletes`)."""
 
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ def test_values_convert_for_spark() -> None:
     assert to_spark_value(None, "int") is None
 
 
-def test_add_column_is_followed() -> None:
+def test_add_column_is_classified_as_followed() -> None:
     ddl = classify(
         "ALTER TABLE `user_db`.`products` ADD COLUMN stock INT NOT NULL DEFAULT 0, ADD note varchar(20)"
     )
@@ -110,7 +113,7 @@ def test_last_change_per_key_keeps_binlog_order() -> None:
     assert [(c.op, c.key, c.row["v"]) for c in latest] == [(UPSERT, ("b",), 2), (UPSERT, ("a",), 3)]
 
 
-def test_merge_statement_applies_updates_inserts_and_deletes() -> None:
+def test_merge_statement_has_delete_update_and_insert_clauses() -> None:
     sql = merge_statement(
         "lakehouse.dim_db.p", "v", [("productId", "string"), ("name", "string")], ("productId",)
     )

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 import pytest
 from ingest_case import DAY_MS, SEED_PRODUCT_NAMES, Case, assert_exactly_once, drain, keys, wait_for_line
 
-from lakehouse.gendata import VALID, generate_records
+from jobs.gendata import VALID, generate_records
 
 pytestmark = pytest.mark.stack
 

@@ -10,7 +10,7 @@ import pytest
 from support import run_cli
 
 from jobs.clickstream.validation import ClickEvent, Rejected, classify_payload
-from lakehouse.gendata import MALFORMED_KINDS, UIDS, VALID, generate_records
+from jobs.gendata import MALFORMED_KINDS, UIDS, VALID, generate_records
 
 
 def test_same_seed_gives_the_same_records():

@@ -12,7 +12,8 @@ import collections
 import pytest
 from ingest_case import Case, assert_exactly_once, keys, run_until_idle
 
-from lakehouse.gendata import VALID
+from jobs.common.snapshot_progress import CONCURRENT_WRITER_EXIT
+from jobs.gendata import VALID
 
 pytestmark = pytest.mark.stack
 
@@ -125,7 +126,7 @@ def test_two_jobs_started_at_once_land_every_click_once(lake_config, catalog):
 
     assert_exactly_once(case, catalog, delivered)
     for code, stderr in outcomes:
-        # The one that loses the race (if they overlapped) stops with one clear line and exit 1.
+        # The one that loses the race (if they overlapped) stops with one clear line and exit 3.
         if code != 0:
             assert "another ingest committed to" in stderr, stderr[-3000:]
-            assert code == 1
+            assert code == CONCURRENT_WRITER_EXIT

@@ -69,7 +69,7 @@ def test_views_equal_the_group_by_after_ingest_price_change_compaction_and_expir
 
     from jobs.clickstream_ingest import ClickstreamIngest, IngestSettings
     from jobs.common.run_modes import RunMode, StopRequest, run_batches
-    from lakehouse.gendata import generate_records, produce, producer_config
+    from jobs.gendata import generate_records, produce, producer_config
 
     admin = AdminClient({"bootstrap.servers": lake_config.kafka.bootstrap})
     admin.create_topics([NewTopic(names["topic"], PARTITIONS, 1)])[names["topic"]].result(timeout=30)

@@ -11,7 +11,7 @@ from constructs import Construct
 
 from infra.config import StorageSettings
 from infra.nag import acknowledge, acknowledge_wildcard_resources, aws_arn
-from lakehouse.config import NAMESPACES
+from jobs.config import NAMESPACES
 
 WAREHOUSE_PREFIX = "warehouse"
 ATHENA_RESULTS_PREFIX = "athena-results"

@@ -17,8 +17,8 @@ from constructs import Construct
 from infra.bundling import python_function_code
 from infra.config import SourceDatabaseSettings
 from infra.nag import acknowledge, acknowledge_custom_resource_function
+from jobs.config import SOURCE_DATABASE
 from lakehouse import seed_data
-from lakehouse.config import SOURCE_DATABASE
 
 # Supported, non-deprecated MySQL 8.0 minor available in aws-cdk-lib 2.275.0.
 MYSQL_ENGINE_VERSION = rds.MysqlEngineVersion.VER_8_0_43

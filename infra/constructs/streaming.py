@@ -18,7 +18,7 @@ from infra.nag import (
     acknowledge_wildcard_resources,
     aws_arn,
 )
-from lakehouse.config import CLICK_TOPIC, CLICK_TOPIC_PARTITIONS
+from jobs.config import CLICK_TOPIC, CLICK_TOPIC_PARTITIONS
 
 # MSK's port for SASL/IAM over TLS.
 MSK_IAM_PORT = 9098

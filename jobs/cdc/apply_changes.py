@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 
+from jobs.cdc import position_commit
 from jobs.cdc.binlog_reader import BinlogPosition
 from jobs.cdc.change_batch import DELETE, RowChange
 from jobs.cdc.schema_mapping import spark_schema, to_spark_value
-from jobs.cdc.target_table import POSITION_KEY
-from jobs.common.snapshot_progress import retry_commit, with_snapshot_properties
+from jobs.common.snapshot_progress import with_snapshot_properties
 
 OP_COLUMN = "_cdc_op"
 
@@ -53,18 +53,20 @@ def apply_changes(
     columns: list[tuple[str, str]],
     key: tuple[str, ...],
     changes: list[RowChange],
-    position: BinlogPosition,
-) -> None:
-    """MERGE `changes` (one per key) into `target`; the commit's summary carries `position`."""
+    start: BinlogPosition | None,
+    end: BinlogPosition,
+) -> bool:
+    """MERGE `changes` (one per key) into `target`, taking its stored position from `start` to `end`
+    (see `position_commit`). Returns False if an earlier attempt had already landed."""
     view = "cdc_changes_" + re.sub(r"\W", "_", target)
     changes_frame(spark, columns, changes).createOrReplaceTempView(view)
     statement = merge_statement(target, view, columns, key)
 
-    @retry_commit()
-    def commit() -> None:
-        with_snapshot_properties(spark, {POSITION_KEY: position.to_json()}, lambda: spark.sql(statement))
+    def merge(properties) -> None:
+        # Looked up at call time so tests can inject an unknown commit outcome.
+        with_snapshot_properties(spark, properties, lambda: spark.sql(statement))
 
     try:
-        commit()
+        return position_commit.commit_position(spark, target, start, end, merge)
     finally:
         spark.catalog.dropTempView(view)

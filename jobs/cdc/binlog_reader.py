@@ -1,10 +1,14 @@
 """Thin I/O over python-mysql-replication: a background reader that queues whole transactions.
 
-The reader resumes from a stored (file, position) with `resume_stream=True`, keeps only ROW events of
-the configured tables, and hands the job complete transactions (never half of one), each tagged with
-the binlog position just after its commit. DDL on a configured table is queued in binlog order too.
-On a lost connection (server restart, network) it reconnects with backoff from the end of the last
-complete transaction it queued; a partially read transaction is dropped and read again.
+The reader keeps only ROW events of the configured tables and hands the job complete transactions
+(never half of one), each tagged with the binlog position just after its commit and the GTID state
+that includes it. DDL on a configured table is queued in binlog order too. On a lost connection
+(server restart, network) it reconnects with backoff from the end of the last complete transaction
+it read; a partially read transaction is dropped and read again.
+
+Resuming: on MariaDB by GTID (the library's `auto_position`; with `is_mariadb=True` it ignores
+file/pos and would stream from the oldest binlog file), elsewhere by file/pos. The position only
+moves between transactions: a SAVEPOINT or other statement inside one never moves it.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from pymysqlreplication.event import (
     QueryEvent,
     RotateEvent,
     StopEvent,
+    XAPrepareEvent,
     XidEvent,
 )
+from pymysqlreplication.gtid import Gtid, GtidSet
 from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
 from jobs.cdc.change_batch import RowChange, row_changes
@@ -60,6 +66,21 @@ class BinlogPosition:
 
     def __str__(self) -> str:
         return f"{self.file}:{self.pos}" + (f" gtid={self.gtid}" if self.gtid else "")
+
+
+def add_gtid(state: str, gtid: str) -> str:
+    """The GTID state `state` after the transaction `gtid` committed.
+
+    MariaDB (`domain-server-seq`): the state keeps the last GTID per replication domain.
+    MySQL (`uuid:n`): a GTID set; the library's GtidSet does the interval arithmetic.
+    """
+    if not gtid:
+        return state
+    if ":" in gtid:
+        return str(GtidSet(state) + Gtid(gtid)) if state else gtid
+    domain = gtid.split("-", 1)[0]
+    kept = [g for g in state.split(",") if g.strip() and g.strip().split("-", 1)[0] != domain]
+    return ",".join([*(g.strip() for g in kept), gtid])
 
 
 @dataclass
@@ -101,6 +122,7 @@ class BinlogReader:
         self._is_mariadb = is_mariadb
         self._max_backoff = max_backoff
         self.items: queue.Queue[Transaction | DdlEvent] = queue.Queue(maxsize=max_queued)
+        self.start_position = start
         self.position = start  # end of the last complete transaction read (and queued)
         self.reconnects = 0
         self.fatal: BaseException | None = None
@@ -128,15 +150,21 @@ class BinlogReader:
 
     # ---- the reading thread -------------------------------------------------------------------
 
+    def _resume_from(self) -> dict:
+        if self._is_mariadb and self.position.gtid:
+            # MariaDB streams from the transaction after this GTID state (strict mode: a GTID the
+            # server does not have is an error, not a silent skip).
+            return {"is_mariadb": True, "auto_position": self.position.gtid}
+        # The file/pos dump; MariaDB accepts it too (then without GTID checks).
+        return {"is_mariadb": False, "log_file": self.position.file, "log_pos": self.position.pos}
+
     def _open(self) -> BinLogStreamReader:
         return BinLogStreamReader(
             connection_settings=self._settings,
             server_id=self._server_id,
             resume_stream=True,  # without it the position is ignored
-            log_file=self.position.file,
-            log_pos=self.position.pos,
             blocking=True,
-            is_mariadb=self._is_mariadb,
+            **self._resume_from(),
             only_events=[
                 WriteRowsEvent,
                 UpdateRowsEvent,
@@ -151,6 +179,7 @@ class BinlogReader:
                 MariadbGtidListEvent,
                 MariadbBinLogCheckPointEvent,
                 StopEvent,
+                XAPrepareEvent,
             ],
             enable_logging=False,  # it would log the connection parameters
             # No only_tables/only_schemas: the library then skips other tables' TableMap events and
@@ -203,7 +232,8 @@ class BinlogReader:
 
     def _read(self, stream: BinLogStreamReader) -> None:
         pending: dict[tuple[str, str], list[RowChange]] = {}
-        gtid = self.position.gtid
+        committed = self.position.gtid  # GTID state after the last complete transaction
+        current = ""  # GTID of the transaction being read
         in_transaction = False
         for event in stream:
             if self._stop.is_set():
@@ -216,40 +246,55 @@ class BinlogReader:
                         row_changes(kind, event.rows, key)
                     )
                 continue
-            if isinstance(event, (MariadbGtidEvent, GtidEvent)):
-                gtid = event.gtid
-                in_transaction = True
+            if isinstance(event, MariadbGtidEvent):
+                # FL_STANDALONE: a single statement (DDL) with no terminating XID/COMMIT follows.
+                current, in_transaction = event.gtid, not event.flags & 1
                 continue
-            if isinstance(event, XidEvent):
-                self._commit(pending, BinlogPosition(stream.log_file, stream.log_pos, gtid), event.timestamp)
+            if isinstance(event, GtidEvent):
+                current = event.gtid  # MySQL: a transaction opens with a BEGIN query
+                continue
+            if isinstance(event, (XidEvent, XAPrepareEvent)):
+                # XA PREPARE ends its binlog group; the rows count once prepared (XA ROLLBACK of a
+                # prepared transaction is not followed: see README).
+                committed = add_gtid(committed, current)
+                end = BinlogPosition(stream.log_file, stream.log_pos, committed)
+                self._commit(pending, end, event.timestamp)
                 pending, in_transaction = {}, False
             elif isinstance(event, QueryEvent):
-                query = event.query.strip()
-                upper = query.upper()
-                if upper in ("BEGIN", "XA START"):
+                upper = event.query.strip().upper()
+                if upper == "BEGIN" or upper.startswith("XA START"):
                     in_transaction = True
                     continue
-                end = BinlogPosition(stream.log_file, stream.log_pos, gtid)
+                ends_group = upper == "COMMIT" or upper.startswith(("XA COMMIT", "XA ROLLBACK"))
+                if in_transaction and not ends_group:
+                    continue  # SAVEPOINT, ROLLBACK TO, XA END ...: still inside the transaction
+                committed = add_gtid(committed, current)
+                end = BinlogPosition(stream.log_file, stream.log_pos, committed)
                 in_transaction = False
-                if upper == "COMMIT":  # non-transactional engines end with a COMMIT query
+                if ends_group:  # non-transactional engines end with a COMMIT query
                     self._commit(pending, end, event.timestamp)
                     pending = {}
                     continue
-                ddl = classify(query)
+                ddl = classify(event.query)
                 if ddl is not None:
                     touched = self._touched(ddl, event.schema)
                     if touched:
                         self._put(DdlEvent(ddl, touched, end, event.timestamp))
-                self.position = end
+                self._advance(end)
             elif not in_transaction and not pending and stream.log_pos >= 4:
                 # Between transactions (rotate, format description, GTID list, checkpoint): this is
                 # a safe place to resume from, and it lets "caught up" see the end of a new file.
-                self.position = BinlogPosition(stream.log_file, stream.log_pos, gtid)
+                self._advance(BinlogPosition(stream.log_file, stream.log_pos, committed))
+
+    def _advance(self, position: BinlogPosition) -> None:
+        # Never backwards: a resumed stream starts with a rotate event to the file's beginning.
+        if position.order >= self.position.order:
+            self.position = position
 
     def _commit(self, pending: dict, end: BinlogPosition, timestamp: int) -> None:
         if pending:
             self._put(Transaction(pending, end, timestamp))
-        self.position = end
+        self._advance(end)
 
     def _touched(self, ddl: DdlChange, default_schema: bytes | str) -> tuple[tuple[str, str], ...]:
         schema = default_schema.decode() if isinstance(default_schema, bytes) else default_schema

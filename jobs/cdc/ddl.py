@@ -2,6 +2,8 @@
 
 Only `ALTER TABLE ... ADD [COLUMN]` is followed (the column is added to the Iceberg table). Every
 other change to a synced table's shape (drop, rename, type change, truncate) stops that table.
+An added column with a DEFAULT or NOT NULL fills the existing rows without any row events, so such
+a change is flagged for a backfill (`fills_existing_rows`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ _ADD_COLUMN = re.compile(
     rf"^ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?({_IDENT})\s+(\w+(?:\s*\([^)]*\))?(?:\s+UNSIGNED)?)(.*)$",
     re.I | re.S,
 )
+
+# A value for existing rows: a non-NULL default, an auto-increment or a generated (computed) column.
+_FILLS = re.compile(r"\bDEFAULT\s+(?!NULL\b)|\bAUTO_INCREMENT\b|\bAS\s*\(", re.I)
 
 
 def _unquote(ident: str | None) -> str | None:
@@ -76,6 +81,7 @@ class DdlChange:
     added_columns: tuple[SourceColumn, ...] = ()
     unsupported: bool = False
     reason: str = field(default="")
+    fills_existing_rows: bool = False  # existing rows got a non-NULL value the binlog does not show
 
 
 def classify(statement: str) -> DdlChange | None:
@@ -84,7 +90,7 @@ def classify(statement: str) -> DdlChange | None:
     match = _ALTER.match(text)
     if match:
         table = (_unquote(match.group(1)), _unquote(match.group(2)))
-        added, problems = [], []
+        added, problems, fills = [], [], False
         for clause in split_top_level(match.group(3)):
             if not clause or _HARMLESS.match(clause):
                 continue
@@ -92,11 +98,14 @@ def classify(statement: str) -> DdlChange | None:
             if add and not re.match(r"^ADD\s+(COLUMN\s+)?\(", clause, re.I):
                 not_null = re.search(r"\bNOT\s+NULL\b", add.group(3), re.I) is not None
                 added.append(SourceColumn(_unquote(add.group(1)), add.group(2), nullable=not not_null))
+                fills = fills or not_null or _FILLS.search(add.group(3)) is not None
             else:
                 problems.append(clause)
         if problems:
             return DdlChange(statement, (table,), unsupported=True, reason="; ".join(problems))
-        return DdlChange(statement, (table,), added_columns=tuple(added)) if added else None
+        if not added:
+            return None
+        return DdlChange(statement, (table,), added_columns=tuple(added), fills_existing_rows=fills)
     for pattern in _OTHER:
         match = pattern.match(text)
         if not match:

@@ -42,7 +42,10 @@ class SourceColumn:
 
     @property
     def spark_type(self) -> str:
-        return iceberg_type(self.column_type)
+        try:
+            return iceberg_type(self.column_type)
+        except UnsupportedType as exc:
+            raise UnsupportedType(f"column `{self.name}`: {exc}") from None
 
 
 def iceberg_type(column_type: str) -> str:

@@ -1,8 +1,8 @@
-"""Initial snapshot (and `--resync`): note the binlog position, read the source, load, commit both.
+"""Initial snapshot (and `--resync`): read the source in a consistent snapshot, load, commit with
+the binlog position of exactly that snapshot (see `source_db.consistent_snapshot`).
 
-The position is taken *before* the read, so any change made while the table is read is also in the
-binlog after that position; replaying those full row images afterwards is idempotent, and the
-table converges to the source even though the read is not a consistent snapshot.
+Taking the position separately from the read would leave a gap: a transaction already in the binlog
+before the position but not yet visible to the read would be in neither.
 """
 
 from __future__ import annotations
@@ -26,17 +26,16 @@ def schema_matches(spark, target: str, source: SourceTable) -> bool:
 
 def snapshot_table(spark, conn, source_schema: str, source_name: str, target: str) -> BinlogPosition:
     """Load the source table into `target` and return the position stored with it."""
-    file, pos, gtid = source_db.master_position(conn)  # first: everything after it gets replayed
-    position = BinlogPosition(file, pos, gtid)
-    source = source_db.describe_table(conn, source_schema, source_name)
+    with source_db.consistent_snapshot(conn) as (file, pos, gtid):
+        position = BinlogPosition(file, pos, gtid)
+        source = source_db.describe_table(conn, source_schema, source_name)
+        columns = [(c.name, c.spark_type) for c in source.columns]  # UnsupportedType before any write
+        rows = [
+            tuple(to_spark_value(v, t) for v, (_, t) in zip(row, columns, strict=True))
+            for row in source_db.read_rows(conn, source)
+        ]
     target_table.create_table(spark, target, source.columns, source.key)
     replace = not schema_matches(spark, target, source)
-
-    columns = [(c.name, c.spark_type) for c in source.columns]
-    rows = [
-        tuple(to_spark_value(v, t) for v, (_, t) in zip(row, columns, strict=True))
-        for row in source_db.read_rows(conn, source)
-    ]
     schema = T.StructType(
         [T.StructField(f.name, f.dataType, f.name not in source.key) for f in spark_schema(columns).fields]
     )

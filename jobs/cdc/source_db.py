@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pymysql
 
 from jobs.cdc.schema_mapping import SourceColumn
-from lakehouse.config import ConfigError, LakehouseConfig
+from jobs.config import ConfigError, LakehouseConfig
 
 
 @dataclass(frozen=True)
@@ -112,10 +113,74 @@ def master_position(conn: pymysql.Connection) -> tuple[str, int, str]:
     return row[0], int(row[1]), gtid
 
 
-def binary_logs(conn: pymysql.Connection) -> list[str]:
+def binary_logs(conn: pymysql.Connection) -> dict[str, int]:
+    """Binlog file -> its size in bytes (SHOW BINARY LOGS), oldest first.
+
+    The file being written can report less than what has been committed to it (not yet flushed),
+    so its size is the end position from SHOW MASTER STATUS, read after it.
+    """
     with conn.cursor() as cur:
         cur.execute("SHOW BINARY LOGS")
-        return [r[0] for r in cur.fetchall()]
+        logs = {r[0]: int(r[1]) for r in cur.fetchall()}
+    file, pos, _gtid = master_position(conn)
+    logs[file] = max(logs.get(file, 0), pos)
+    return logs
+
+
+def is_mariadb(conn: pymysql.Connection) -> bool:
+    return "mariadb" in conn.get_server_info().lower()
+
+
+def mariadb_gtid_state(conn: pymysql.Connection) -> str:
+    """MariaDB's GTID state at the end of its binlog (last GTID per domain)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT @@gtid_binlog_pos")
+        return cur.fetchone()[0] or ""
+
+
+@contextmanager
+def consistent_snapshot(conn: pymysql.Connection) -> Iterator[tuple[str, int, str]]:
+    """A transaction whose reads see the source exactly at the yielded (file, pos, GTID state).
+
+    MariaDB reports the binlog position of its consistent snapshot itself. MySQL has no such
+    status: commits are blocked (FLUSH TABLES WITH READ LOCK, needs RELOAD) while the snapshot
+    starts and the position is read; where that is not allowed (RDS), the position is read before
+    the snapshot starts, so changes in between are replayed (row images are idempotent) - only a
+    transaction written to the binlog but not yet visible at that instant could be missed.
+    """
+    with conn.cursor() as cur:
+        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        if is_mariadb(conn):
+            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+            cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+            status = {name.lower(): value for name, value in cur.fetchall()}
+            file, pos = status["binlog_snapshot_file"], int(status["binlog_snapshot_position"])
+            cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (file, pos))
+            gtid = cur.fetchone()[0] or ""
+        else:
+            locked = _try_global_read_lock(cur)
+            try:
+                if not locked:
+                    file, pos, gtid = master_position(conn)
+                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+                if locked:
+                    file, pos, gtid = master_position(conn)
+            finally:
+                if locked:
+                    cur.execute("UNLOCK TABLES")
+    try:
+        yield file, pos, gtid
+    finally:
+        with conn.cursor() as cur:
+            cur.execute("COMMIT")
+
+
+def _try_global_read_lock(cur) -> bool:
+    try:
+        cur.execute("FLUSH TABLES WITH READ LOCK")
+        return True
+    except pymysql.err.OperationalError:  # no RELOAD privilege (e.g. RDS)
+        return False
 
 
 def read_rows(conn: pymysql.Connection, table: SourceTable, fetch: int = 5000) -> Iterator[tuple]:

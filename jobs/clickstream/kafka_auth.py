@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lakehouse.config import KafkaConfig
+from jobs.config import KafkaConfig
 
 
 def msk_iam_token_callback(region: str):

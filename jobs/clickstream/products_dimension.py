@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, StringType, StructField, StructType, TimestampType
 
 from jobs.clickstream.schema import products_table_ddl
-from lakehouse.config import LakehouseConfig, MySqlConfig
+from jobs.config import LakehouseConfig, MySqlConfig
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from lakehouse.config import ENVIRONMENTS, LakehouseConfig
+from jobs.config import ENVIRONMENTS, LakehouseConfig
 
 
 def add_environment_args(parser: argparse.ArgumentParser) -> None:

@@ -47,6 +47,10 @@ class ConcurrentWriterError(RuntimeError):
     without committing (two instances of one job would apply the same input twice)."""
 
 
+# The exit code of a job stopped by ConcurrentWriterError: not a crash to restart beside the live job.
+CONCURRENT_WRITER_EXIT = 3
+
+
 @dataclass(frozen=True)
 class StoredProgress:
     value: str | None

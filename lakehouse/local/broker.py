@@ -7,7 +7,7 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from lakehouse.config import CLICK_TOPIC, CLICK_TOPIC_PARTITIONS
+from jobs.config import CLICK_TOPIC, CLICK_TOPIC_PARTITIONS
 from lakehouse.local.object_store import BROKER_BUCKET, ObjectStore
 from lakehouse.local.process import ManagedProcess, StackError, port_in_use
 from lakehouse.local.settings import StackSettings

@@ -10,9 +10,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from lakehouse.config import CATALOG_NAME, NAMESPACES
-
-BUSY_TIMEOUT_MS = 60_000
+from jobs.config import CATALOG_NAME, NAMESPACES
+from jobs.config import SQLITE_BUSY_TIMEOUT_MS as BUSY_TIMEOUT_MS
 
 # Iceberg's JdbcCatalog schema V0 (the one pyiceberg's SqlCatalog also creates). Not V1: Iceberg
 # 1.10's JdbcCatalog probes for V1's `iceberg_type` column with DatabaseMetaData.getColumns() and never

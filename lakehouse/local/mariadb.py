@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pymysql
 
+from jobs.config import SOURCE_DATABASE
 from lakehouse import seed_data
-from lakehouse.config import SOURCE_DATABASE
 from lakehouse.local.process import ManagedProcess, StackError
 from lakehouse.local.settings import StackSettings
 
@@ -53,7 +53,9 @@ class MariaDb:
     def _write_defaults(self) -> None:
         as_root = os.geteuid() == 0
         # Note: binlog_row_metadata=FULL makes the binlog carry column names (else UNKNOWN_COLn);
-        # UTC so TIMESTAMP values read from the binlog need no zone guessing.
+        # UTC so TIMESTAMP values read from the binlog need no zone guessing. sync_binlog=1 and
+        # innodb_flush_log_at_trx_commit=1 (as on RDS): a committed transaction is on disk in both
+        # the binlog and InnoDB, so a crash cannot lose a binlog tail the CDC job already applied.
         self.defaults_file.write_text(
             "\n".join(
                 [
@@ -71,6 +73,8 @@ class MariaDb:
                     "binlog_row_image=FULL",
                     "binlog_row_metadata=FULL",
                     "gtid_strict_mode=ON",
+                    "sync_binlog=1",
+                    "innodb_flush_log_at_trx_commit=1",
                     "binlog_expire_logs_seconds=604800",
                     "default_time_zone='+00:00'",
                     "character-set-server=utf8mb4",

@@ -8,7 +8,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from lakehouse.config import STATE_FILE, local_home
+from jobs.config import STATE_FILE, local_home
 
 DEFAULT_PORTS = {"mysql": 3307, "kafka": 19092, "s3": 18333}
 PORT_ENV = {

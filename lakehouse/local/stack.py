@@ -7,7 +7,7 @@ import shutil
 import time
 from collections.abc import Callable
 
-from lakehouse.config import CATALOG_NAME, CLICK_TOPIC, SOURCE_DATABASE
+from jobs.config import CATALOG_NAME, CLICK_TOPIC, SOURCE_DATABASE
 from lakehouse.local import catalog
 from lakehouse.local.broker import Broker
 from lakehouse.local.mariadb import APP_USER, CDC_USER, MariaDb

@@ -9,7 +9,7 @@ from aws_cdk import App, RemovalPolicy
 
 from infra.config import DeploymentConfig
 from infra.lakehouse_app import config_from_context
-from lakehouse.config import ConfigError
+from jobs.config import ConfigError
 
 
 def test_unknown_environment_says_what_to_pass():

@@ -20,6 +20,8 @@ CLICK_TOPIC = "clicktopic"
 CLICK_TOPIC_PARTITIONS = 3
 SOURCE_DATABASE = "user_db"
 STATE_FILE = "stack.json"
+# How long a local SQLite catalog client waits for another process's lock instead of failing.
+SQLITE_BUSY_TIMEOUT_MS = 60_000
 
 EnvName = Literal["local", "dev", "prod"]
 ENVIRONMENTS: tuple[str, ...] = ("local", "dev", "prod")

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from lakehouse.config import LakehouseConfig
+from jobs.config import LakehouseConfig
 
 UIDS = ("513248", "10952", "555655", "795098", "603670", "10001")
 FIELDS = ("webpageId", "uid", "productId", "cookieId", "expendTime", "updateTime")
