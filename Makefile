@@ -10,7 +10,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 DEMO_SECONDS ?= 120
 
-.PHONY: setup system jars cli demo test test-fast bench synth lint clean
+.PHONY: setup system jars cli demo test test-fast bench synth lint package clean
 
 setup: system $(STAMP) jars cli ## Install everything (idempotent; fast when done)
 
@@ -39,6 +39,9 @@ test: setup ## Run the whole test suite (starts its own stack on other ports)
 
 bench: setup ## Benchmarks; prints tables and writes bench/results/*.json
 	$(PY) -m bench
+
+package: setup ## Build the EMR artifact set (jobs + pinned manylinux deps) into dist/emr/<version>
+	$(PY) -m lakehouse.emr_package
 
 synth: setup ## Synthesize the CDK app for dev and prod into cdk.out/<env>
 	@for env in dev prod; do \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 
 from aws_cdk import App
@@ -10,6 +11,7 @@ from aws_cdk import App
 from infra.config import DeploymentConfig
 from infra.nag import add_nag_checks
 from infra.stacks import LakehouseStacks
+from lakehouse import emr_package
 
 DEFAULT_ENV = "dev"
 
@@ -39,7 +41,15 @@ def build_lakehouse(app: App, config: DeploymentConfig, *, nag: bool = True) -> 
             f"availability-zones:account={config.account}:region={config.region}",
             list(config.availability_zones),
         )
-    stacks = LakehouseStacks(app, config)
+    # The jobs' artifact set (`make package`); built here when missing, reused when up to date.
+    compute = config.compute
+    package = emr_package.build(
+        architectures=emr_package.architectures_for(
+            (*compute.primary_instance_types, *compute.worker_instance_types)
+        ),
+        log=lambda message: print(message, file=sys.stderr),
+    )
+    stacks = LakehouseStacks(app, config, job_package=package)
     if nag:
         add_nag_checks(app)
     return stacks

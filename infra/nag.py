@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import Acknowledgment, App, Aws, Stack, Validations
+from aws_cdk import Acknowledgment, App, Aws, Stack, Token, Validations
 from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
 
@@ -87,3 +87,35 @@ def acknowledge(scope: IConstruct, rule_id: str, reason: str) -> None:
     if len(reason.strip()) < 20:
         raise ValueError(f"acknowledging {rule_id} needs a real reason, got {reason!r}")
     Validations.of(scope).acknowledge(Acknowledgment(id=f"{NAG_PLUGIN}::{rule_id}", reason=reason))
+
+
+def acknowledge_bucket_deployment(deployment, *, destination_bucket_name: str) -> None:
+    """The findings of CDK's BucketDeployment: its singleton upload function (runtime, managed logs
+    policy) and the S3 actions CDK grants it on the staging and destination buckets."""
+    reason = (
+        "CDK's BucketDeployment copies the asset from the CDK staging bucket to "
+        f"{destination_bucket_name}: its CDK-managed role needs object read/write/delete on both"
+    )
+    role = deployment.handler_role
+    acknowledge(role, LAMBDA_BASIC_EXECUTION_FINDING, "AWS managed policy: the function writes its own logs")
+    for action in ("s3:GetBucket*", "s3:GetObject*", "s3:List*", "s3:Abort*", "s3:DeleteObject*"):
+        acknowledge(role, f"AwsSolutions-IAM5[Action::{action}]", reason)
+    # CDK writes these ARNs with the stack's own partition/account/region: literal when the stack
+    # is bound to an environment, pseudo parameters otherwise.
+    stack = Stack.of(deployment)
+
+    def rendered(value: str, pseudo: str) -> str:
+        return pseudo if Token.is_unresolved(value) else value
+
+    partition = rendered(stack.partition, "<AWS::Partition>")
+    account = rendered(stack.account, "<AWS::AccountId>")
+    assets = f"cdk-hnb659fds-assets-{account}-{rendered(stack.region, '<AWS::Region>')}"
+    for bucket in (destination_bucket_name, assets):
+        acknowledge(role, f"AwsSolutions-IAM5[Resource::arn:{partition}:s3:::{bucket}/*]", reason)
+    for child in stack.node.children:
+        if child.node.id.startswith("Custom::CDKBucketDeployment"):
+            acknowledge(
+                child,
+                "AwsSolutions-L1",
+                "The upload function's runtime is chosen and updated by aws-cdk-lib, not by this app",
+            )

@@ -1,23 +1,32 @@
 """The stacks of one environment. Each composes constructs; cross-concern grants are wired here.
 
-Deploy order (dependencies): Network -> Lake -> Streaming -> SourceDatabase -> Compute -> Monitoring.
-`cdk destroy` removes them in reverse.
+Deploy order (dependencies): Network -> Lake -> Streaming -> SourceDatabase -> Compute -> Monitoring
+-> Jobs. `cdk destroy` removes them in reverse.
 """
 
 from __future__ import annotations
 
-from aws_cdk import App, CfnOutput, Environment, Stack, Tags
+from pathlib import Path
+
+from aws_cdk import App, Aws, CfnOutput, Environment, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from infra.config import DeploymentConfig
 from infra.constructs.emr_compute import EmrCompute
+from infra.constructs.job_deployment import JobDeployment
 from infra.constructs.lake_storage import LakeStorage
 from infra.constructs.monitoring import Monitoring
 from infra.constructs.network import Network
 from infra.constructs.source_database import MYSQL_PORT, SourceDatabase
 from infra.constructs.streaming import MSK_IAM_PORT, Streaming
+from infra.emr_steps import JobArtifacts
+from lakehouse.emr_package import architectures_for
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BOOTSTRAP_DIR = REPO_ROOT / "bootstrap"
 
 
 class _LakehouseStack(Stack):
@@ -115,6 +124,8 @@ class ComputeStack(_LakehouseStack):
             warehouse_uri=lake.warehouse_uri,
             log_uri=lake.emr_log_uri,
             artifacts_bucket_name=lake.artifacts_bucket_name,
+            bootstrap_dir=BOOTSTRAP_DIR,
+            catalog_region=Aws.REGION,
         )
         role = self.compute.instance_role
 
@@ -151,7 +162,7 @@ class ComputeStack(_LakehouseStack):
             "JobSettingsParameter",
             parameter_name=f"{config.parameter_prefix}/jobs/settings",
             string_value=self.to_json_string(self.job_settings),
-            description="Arguments of lakehouse.config.LakehouseConfig.aws for jobs on EMR",
+            description="Arguments of jobs.config.LakehouseConfig.aws for jobs on EMR",
         )
         self.job_settings_parameter.grant_read(role)
         CfnOutput(self, "EmrClusterId", value=self.compute.cluster_id)
@@ -181,10 +192,45 @@ class MonitoringStack(_LakehouseStack):
         CfnOutput(self, "AlertsTopicArn", value=self.monitoring.topic.topic_arn)
 
 
+class JobsStack(_LakehouseStack):
+    def __init__(
+        self,
+        scope: Construct,
+        config: DeploymentConfig,
+        *,
+        package_dir: Path,
+        architecture: str,
+        lake: LakeStorage,
+        compute: ComputeStack,
+        monitoring: Monitoring,
+    ) -> None:
+        super().__init__(scope, config, "Jobs", "the jobs on EMR: artifacts, step supervisor, schedules")
+        self.jobs = JobDeployment(
+            self,
+            "Jobs",
+            package_dir=package_dir,
+            artifacts=JobArtifacts(lake.artifacts_bucket_name, package_dir.name, architecture),
+            artifacts_bucket=s3.Bucket.from_bucket_name(self, "ArtifactsBucket", lake.artifacts_bucket_name),
+            cluster_id=compute.compute.cluster_id,
+            job_settings=compute.job_settings,
+            job_python=config.compute.job_python,
+            alert_topic=monitoring.topic,
+            settings=config.jobs,
+            removal_policy=config.removal_policy,
+        )
+        CfnOutput(self, "JobsVersion", value=package_dir.name)
+        CfnOutput(self, "StepSupervisorName", value=self.jobs.supervisor.function_name)
+        for job, machine in {
+            **self.jobs.batch_state_machines,
+            "gendata": self.jobs.gendata_state_machine,
+        }.items():
+            CfnOutput(self, f"{job.capitalize()}StateMachineArn", value=machine.state_machine_arn)
+
+
 class LakehouseStacks:
     """All stacks of one environment, in deploy order."""
 
-    def __init__(self, app: App, config: DeploymentConfig) -> None:
+    def __init__(self, app: App, config: DeploymentConfig, *, job_package: Path) -> None:
         self.network = NetworkStack(app, config)
         self.lake = LakeStack(app, config)
         self.streaming = StreamingStack(app, config, self.network.network)
@@ -207,6 +253,19 @@ class LakehouseStacks:
             streaming=self.streaming.streaming,
             source_database=self.source_database.source_database,
         )
+        (architecture,) = architectures_for(
+            (*config.compute.primary_instance_types, *config.compute.worker_instance_types)
+        )
+        self.jobs = JobsStack(
+            app,
+            config,
+            package_dir=job_package,
+            architecture=architecture,
+            lake=self.lake.lake,
+            compute=self.compute,
+            monitoring=self.monitoring.monitoring,
+        )
+        self.jobs.add_stack_dependency(self.lake)
         for stack in self.all:
             Tags.of(stack).add("project", "lakehouse")
             Tags.of(stack).add("environment", config.env_name)
@@ -220,4 +279,5 @@ class LakehouseStacks:
             self.source_database,
             self.compute,
             self.monitoring,
+            self.jobs,
         )

@@ -1,12 +1,14 @@
 """Compute: an EMR on EC2 7.x cluster (Spark, Hive, Trino) on the Glue Iceberg catalog.
 
 Seams for the later "ship jobs as EMR steps" issue: `cluster_id`, `artifacts_bucket`, `instance_role`
-and `job_settings` (the arguments of `lakehouse.config.LakehouseConfig.aws`). Steps are not defined
+and `job_settings` (the arguments of `jobs.config.LakehouseConfig.aws`). Steps are not defined
 here: CloudFormation EMR steps are create-only, so jobs are submitted after the cluster exists, with
 ActionOnFailure=CONTINUE because the step concurrency level is above 1.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from aws_cdk import Aws, CustomResource, Duration, RemovalPolicy, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
@@ -15,19 +17,24 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_s3_deployment as s3deploy
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
 from infra.bundling import python_function_code
 from infra.config import EMR_TLS_CERTIFICATES_KEY, ComputeSettings
 from infra.constructs.network import EMR_MANAGED_POLICY_TAG
+from infra.emr_steps import BOOTSTRAP_PREFIX
 from infra.nag import (
     acknowledge,
+    acknowledge_bucket_deployment,
     acknowledge_custom_resource_function,
     acknowledge_wildcard_resources,
     aws_arn,
+    nag_rendering,
 )
-from lakehouse.config import CATALOG_NAME
+from jobs.config import CATALOG_NAME
 
 APPLICATIONS = ("Spark", "Hive", "Trino")
 KMS_DATA_KEY_ACTIONS = (
@@ -63,7 +70,12 @@ def emr_configurations(*, warehouse_uri: str, job_python: str) -> list[dict]:
         },
         {
             "Classification": "trino-connector-iceberg",
-            "Properties": {"connector.name": "iceberg", "iceberg.catalog.type": "glue"},
+            "Properties": {
+                "connector.name": "iceberg",
+                "iceberg.catalog.type": "glue",
+                # EMR 7.7+ Trino reads S3 through its native file system only with this set.
+                "fs.native-s3.enabled": "true",
+            },
         },
         {
             "Classification": "spark-env",
@@ -104,6 +116,8 @@ class EmrCompute(Construct):
         warehouse_uri: str,
         log_uri: str,
         artifacts_bucket_name: str,
+        bootstrap_dir: Path,
+        catalog_region: str,
     ) -> None:
         super().__init__(scope, construct_id)
         self.artifacts_bucket_name = artifacts_bucket_name
@@ -139,6 +153,16 @@ class EmrCompute(Construct):
             "InstanceRole",
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
             description="EMR EC2 instance profile role of the lakehouse cluster",
+        )
+        # Note: SSM Session Manager is how operators reach the primary node (Trino CLI, logs): no
+        # SSH key, no inbound port.
+        self.instance_role.add_managed_policy(
+            iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")
+        )
+        acknowledge(
+            self.instance_role,
+            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore]",
+            "AWS managed policy for the SSM agent (Session Manager access to the nodes, no SSH)",
         )
         emr_regional_bucket = aws_arn("s3", f"{Aws.REGION}.elasticmapreduce/*", region=False, account=False)
         self.instance_role.add_to_policy(
@@ -230,6 +254,36 @@ class EmrCompute(Construct):
             },
         )
 
+        # ---- bootstrap scripts (bootstrap/): uploaded before the cluster exists, at a stable key, so
+        # changing a script never changes the cluster's (create-only) BootstrapActions.
+        self.bootstrap_upload = s3deploy.BucketDeployment(
+            self,
+            "UploadBootstrapScripts",
+            sources=[s3deploy.Source.asset(str(bootstrap_dir), exclude=["*.md"])],
+            destination_bucket=s3.Bucket.from_bucket_name(self, "ArtifactsBucket", artifacts_bucket_name),
+            destination_key_prefix=f"{BOOTSTRAP_PREFIX}/",
+        )
+        acknowledge_bucket_deployment(
+            self.bootstrap_upload, destination_bucket_name=nag_rendering(artifacts_bucket_name)
+        )
+        scripts = f"s3://{artifacts_bucket_name}/{BOOTSTRAP_PREFIX}"
+        bootstrap_actions = [
+            emr.CfnCluster.BootstrapActionConfigProperty(
+                name=name,
+                script_bootstrap_action=emr.CfnCluster.ScriptBootstrapActionConfigProperty(
+                    path=f"{scripts}/{script}", args=args
+                ),
+            )
+            for name, script, args in (
+                ("node-setup", "node-setup.sh", ["--python", settings.job_python]),
+                (
+                    "configure-catalogs",
+                    "configure-catalogs.sh",
+                    ["--catalog", CATALOG_NAME, "--region", catalog_region],
+                ),
+            )
+        ]
+
         # ---- the cluster
         subnet_ids = vpc.select_subnets(subnet_type=subnets.subnet_type).subnet_ids
 
@@ -275,6 +329,7 @@ class EmrCompute(Construct):
             name=cluster_name,
             release_label=settings.release_label,
             applications=[emr.CfnCluster.ApplicationProperty(name=name) for name in APPLICATIONS],
+            bootstrap_actions=bootstrap_actions,
             configurations=[
                 _to_cfn_configuration(c)
                 for c in emr_configurations(warehouse_uri=warehouse_uri, job_python=settings.job_python)
@@ -325,6 +380,7 @@ class EmrCompute(Construct):
         self.cluster.node.add_dependency(self.instance_role)
         self.cluster.node.add_dependency(self.service_role)
         self.cluster.add_resource_dependency(self.security_configuration)
+        self.cluster.node.add_dependency(self.bootstrap_upload)
         self.cluster_id = self.cluster.ref
         self.cluster_name = cluster_name
         for rule_id, what in (("AwsSolutions-EMR4", "local disk"), ("AwsSolutions-EMR5", "in-transit")):

@@ -22,7 +22,7 @@ from infra.lakehouse_app import build_lakehouse, config_from_context
 from infra.stacks import LakehouseStacks
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CONCERNS = ("Network", "Lake", "Streaming", "SourceDatabase", "Compute", "Monitoring")
+CONCERNS = ("Network", "Lake", "Streaming", "SourceDatabase", "Compute", "Monitoring", "Jobs")
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")

@@ -13,7 +13,15 @@ EXPLAINED_STAR_RESOURCES = {
     frozenset({"ec2:DescribeSecurityGroups"}): (
         "EMR security-group cleanup Lambda: Describe* does not support resource-level permissions"
     ),
-}
+    frozenset(
+        {
+            "logs:CreateLogDelivery", "logs:DeleteLogDelivery", "logs:DescribeLogGroups",
+            "logs:DescribeResourcePolicies", "logs:GetLogDelivery", "logs:ListLogDeliveries",
+            "logs:PutResourcePolicy", "logs:UpdateLogDelivery", "xray:GetSamplingRules",
+            "xray:GetSamplingTargets", "xray:PutTelemetryRecords", "xray:PutTraceSegments",
+        }
+    ): "Step Functions log delivery and X-Ray tracing (CDK's grants): no resource-level permissions",
+}  # fmt: skip
 # Resource policies (key, bucket, topic, secret policies) are not identity grants: "*" there means
 # "this resource". They are checked by cdk-nag instead.
 IDENTITY_POLICY_TYPES = ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy", "AWS::IAM::Role")
@@ -32,7 +40,7 @@ def test_every_acknowledgement_has_a_reason(synthesized):
 
 
 @pytest.mark.parametrize(
-    "concern", ["Network", "Lake", "Streaming", "SourceDatabase", "Compute", "Monitoring"]
+    "concern", ["Network", "Lake", "Streaming", "SourceDatabase", "Compute", "Monitoring", "Jobs"]
 )
 def test_cfn_lint_has_no_errors(synthesized, concern):
     matches = lint(json.dumps(synthesized.templates[concern]), regions=["us-east-1"])

@@ -7,7 +7,7 @@ import json
 
 from aws_cdk.assertions import Match
 
-from lakehouse.config import (
+from jobs.config import (
     CATALOG_NAME,
     CLICK_TOPIC,
     CLICK_TOPIC_PARTITIONS,
@@ -15,7 +15,7 @@ from lakehouse.config import (
     LakehouseConfig,
 )
 
-CONCERNS = ("Network", "Lake", "Streaming", "SourceDatabase", "Compute", "Monitoring")
+CONCERNS = ("Network", "Lake", "Streaming", "SourceDatabase", "Compute", "Monitoring", "Jobs")
 
 # ---- app ------------------------------------------------------------------------------------
 

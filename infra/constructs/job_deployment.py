@@ -1,0 +1,341 @@
+"""Deployment of the jobs onto the EMR cluster, after the cluster exists.
+
+- The artifact set of `make package` is uploaded to `s3://<artifacts>/emr/<version>/`; old versions
+  stay (a running step keeps reading its own archive until it is replaced).
+- The streaming jobs (CDC, ingest, views) run as long-lived steps kept alive by the step supervisor
+  Lambda (`infra/lambdas/step_supervisor`): invoked every few minutes, on every step status change of
+  this cluster (best-effort events, hence the schedule too) and once per deploy. A new version
+  cancels the old step first and starts the new one once it is gone; exactly-once resume makes that
+  safe. Failed steps are resubmitted with backoff, up to a cap per hour, then the topic is alerted.
+- Batch jobs (report daily, maintain hourly) run through a state machine each: add the step, wait
+  for it (`.sync`), retry with backoff, alert the topic on failure. EventBridge Scheduler starts them.
+- gendata runs on demand through its own state machine (input: `{"count": "1000", "rate": "200"}`).
+
+Never the cluster's `Steps` property or `AWS::EMR::Step`: both are create-only and cannot cancel a
+running step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from aws_cdk import Annotations, Aws, Duration, Size, Stack, triggers
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as event_targets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_s3_deployment as s3deploy
+from aws_cdk import aws_scheduler as scheduler
+from aws_cdk import aws_scheduler_targets as scheduler_targets
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_stepfunctions as sfn
+from aws_cdk import aws_stepfunctions_tasks as tasks
+from constructs import Construct
+
+from infra.bundling import python_function_code
+from infra.config import JobSettings
+from infra.emr_steps import (
+    ARTIFACTS_PREFIX,
+    BATCH_JOBS,
+    STREAMING_JOBS,
+    JobArtifacts,
+    spark_submit_args,
+    step_name,
+)
+from infra.nag import (
+    LAMBDA_BASIC_EXECUTION_FINDING,
+    acknowledge,
+    acknowledge_bucket_deployment,
+    aws_arn,
+    nag_rendering,
+)
+
+
+class JobDeployment(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        package_dir: Path,
+        artifacts: JobArtifacts,
+        artifacts_bucket: s3.IBucket,
+        cluster_id: str,
+        job_settings: Mapping[str, object],
+        job_python: str,
+        alert_topic: sns.ITopic,
+        settings: JobSettings,
+        removal_policy,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.artifacts = artifacts
+        self.cluster_arn = aws_arn("elasticmapreduce", f"cluster/{cluster_id}")
+
+        # Note: the archive is ~110 MB; the upload handler needs the memory and disk to unzip it.
+        self.upload = s3deploy.BucketDeployment(
+            self,
+            "UploadJobArtifacts",
+            sources=[s3deploy.Source.asset(str(package_dir), exclude=["wheelhouse-*"])],
+            destination_bucket=artifacts_bucket,
+            destination_key_prefix=f"{ARTIFACTS_PREFIX}/{artifacts.version}/",
+            prune=False,
+            memory_limit=2048,
+            ephemeral_storage_size=Size.gibibytes(2),
+        )
+        acknowledge_bucket_deployment(
+            self.upload, destination_bucket_name=nag_rendering(artifacts.bucket_name)
+        )
+
+        def submit_args(job: str, module: str, *extra: str) -> list[str]:
+            return spark_submit_args(
+                job=job,
+                module=module,
+                artifacts=artifacts,
+                job_settings=job_settings,
+                job_python=job_python,
+                job_args=extra,
+            )
+
+        self.streaming_steps = [
+            {"job": job, "name": step_name(job, artifacts.version), "version": artifacts.version,
+             "args": submit_args(job, module)}
+            for job, module in STREAMING_JOBS.items()
+        ]  # fmt: skip
+        log_retention = settings.log_retention
+        self.supervisor = self._supervisor(cluster_id, alert_topic, settings, removal_policy)
+
+        self.batch_state_machines = {
+            job: self._batch_state_machine(
+                job, cluster_id, submit_args(job, module), alert_topic, log_retention, removal_policy
+            )
+            for job, module in BATCH_JOBS.items()
+            if job != "gendata"
+        }
+        daily = scheduler.ScheduleExpression.cron(hour=str(settings.report_hour_utc), minute="30")
+        for job, expression in (
+            ("report", daily),
+            ("maintain", scheduler.ScheduleExpression.rate(settings.maintain_every)),
+        ):
+            scheduler.Schedule(
+                self,
+                f"{job.capitalize()}Schedule",
+                description=f"Run the {job} job on the EMR cluster",
+                schedule=expression,
+                target=scheduler_targets.StepFunctionsStartExecution(self.batch_state_machines[job]),
+            )
+        # gendata: count and rate come from the execution input, so the step's arguments are built
+        # at run time (States.Array) and the step reads them from the state.
+        gendata_args = sfn.JsonPath.array(
+            *submit_args("gendata", BATCH_JOBS["gendata"]),
+            "--count",
+            sfn.JsonPath.string_at("$.count"),
+            "--rate",
+            sfn.JsonPath.string_at("$.rate"),
+        )
+        self.gendata_state_machine = self._batch_state_machine(
+            "gendata", cluster_id, None, alert_topic, log_retention, removal_policy, retries=0,
+            args_at_run_time=gendata_args,
+        )  # fmt: skip
+        # Nothing may start a step of this version before its archive is in S3.
+        for dependent in (self.supervisor, self.gendata_state_machine, *self.batch_state_machines.values()):
+            dependent.node.add_dependency(self.upload)
+
+    # ---- streaming: the supervisor -------------------------------------------------------------
+
+    def _supervisor(self, cluster_id, alert_topic, settings: JobSettings, removal_policy) -> lambda_.Function:
+        log_group = logs.LogGroup(
+            self, "SupervisorLogs", retention=settings.log_retention, removal_policy=removal_policy
+        )
+        function = lambda_.Function(
+            self,
+            "StepSupervisor",
+            description="Keeps the streaming jobs running as EMR steps (start, replace, resubmit, alert)",
+            runtime=lambda_.Runtime.PYTHON_3_14,
+            handler="handler.handler",
+            code=python_function_code("step_supervisor"),
+            timeout=Duration.minutes(1),
+            memory_size=256,
+            # One reconcile at a time: two concurrent ones could both start the same job.
+            reserved_concurrent_executions=1,
+            log_group=log_group,
+            environment={
+                "CLUSTER_ID": cluster_id,
+                "STREAMING_STEPS": Stack.of(self).to_json_string(self.streaming_steps),
+                "ALERT_TOPIC_ARN": alert_topic.topic_arn,
+                "MAX_FAILURES_PER_HOUR": str(settings.max_failures_per_hour),
+                "SCHEDULE_PERIOD_SECONDS": str(int(settings.supervisor_every.to_seconds())),
+            },
+        )
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "elasticmapreduce:DescribeCluster",
+                    "elasticmapreduce:ListSteps",
+                    "elasticmapreduce:DescribeStep",
+                    "elasticmapreduce:AddJobFlowSteps",
+                    "elasticmapreduce:CancelSteps",
+                    # Marks a give-up as alerted on the cluster, so each episode alerts once.
+                    "elasticmapreduce:AddTags",
+                ],
+                resources=[self.cluster_arn],
+            )
+        )
+        alert_topic.grant_publish(function)
+        Annotations.of(function).acknowledge_warning(
+            "@aws-cdk/aws-lambda:addPermissionsToVersionOrAlias",
+            "Invoked unqualified (schedule, events, deploy trigger): no permission on a version is needed",
+        )
+        acknowledge(
+            function, LAMBDA_BASIC_EXECUTION_FINDING, "AWS managed policy: the function writes its own logs"
+        )
+        acknowledge(
+            function,
+            "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]",
+            "Publishing to the KMS-encrypted alerts topic: CDK's grant on that one key",
+        )
+
+        schedule_role = iam.Role(
+            self, "SupervisorScheduleRole", assumed_by=iam.ServicePrincipal("scheduler.amazonaws.com")
+        )
+        acknowledge(
+            schedule_role,
+            f"AwsSolutions-IAM5[Resource::<{Stack.of(self).get_logical_id(function.node.default_child)}.Arn>:*]",
+            "lambda:InvokeFunction on the supervisor and its versions (CDK's grantInvoke), nothing else",
+        )
+        scheduler.Schedule(
+            self,
+            "SupervisorSchedule",
+            description="Reconcile the streaming steps (step status events are best-effort)",
+            schedule=scheduler.ScheduleExpression.rate(settings.supervisor_every),
+            target=scheduler_targets.LambdaInvoke(
+                function,
+                input=scheduler.ScheduleTargetInput.from_object({"reason": "schedule"}),
+                role=schedule_role,
+            ),
+        )
+        events.Rule(
+            self,
+            "StepStatusChange",
+            description="Reconcile when a step of this cluster ends",
+            event_pattern=events.EventPattern(
+                source=["aws.emr"],
+                detail_type=["EMR Step Status Change"],
+                detail={
+                    "clusterId": [cluster_id],
+                    "state": ["COMPLETED", "CANCELLED", "FAILED", "INTERRUPTED"],
+                },
+            ),
+            targets=[event_targets.LambdaFunction(function)],
+        )
+        # Once per deploy whose streaming steps changed (new version or arguments): replace them now.
+        reconcile = triggers.Trigger(
+            self,
+            "ReconcileOnDeploy",
+            handler=function,
+            execute_on_handler_change=True,
+            invocation_type=triggers.InvocationType.EVENT,
+        )
+        reconcile.execute_after(self.upload)
+        return function
+
+    # ---- batch: one state machine per job --------------------------------------------------------
+
+    def _batch_state_machine(
+        self,
+        job: str,
+        cluster_id: str,
+        args: list[str] | None,
+        alert_topic: sns.ITopic,
+        log_retention: logs.RetentionDays,
+        removal_policy,
+        retries: int = 2,
+        args_at_run_time: str | None = None,
+    ) -> sfn.StateMachine:
+        """Add the step, wait for it to finish (`addStep.sync`), retry, alert the topic on failure."""
+        scope = Construct(self, f"{job.capitalize()}Job")
+        jar_step: dict[str, object] = {"Jar": "command-runner.jar"}
+        first: sfn.IChainable | None = None
+        if args_at_run_time is None:
+            jar_step["Args"] = args
+        else:
+            first = sfn.Pass(scope, "BuildArgs", parameters={"args": args_at_run_time}, result_path="$.step")
+            jar_step["Args.$"] = "$.step.args"
+        # A custom state, not tasks.EmrAddStep: that one grants its actions on every cluster
+        # (`cluster/*`); this role may add, describe and cancel steps on this cluster only.
+        run = sfn.CustomState(
+            scope,
+            "RunStep",
+            state_json={
+                "Type": "Task",
+                "Resource": f"arn:{Aws.PARTITION}:states:::elasticmapreduce:addStep.sync",
+                "Parameters": {
+                    "ClusterId": cluster_id,
+                    "Step": {
+                        "Name": f"lakehouse-{job}",
+                        "ActionOnFailure": "CONTINUE",
+                        "HadoopJarStep": jar_step,
+                    },
+                },
+                "ResultPath": None,
+            },
+        )
+        if retries:
+            run.add_retry(
+                errors=["States.ALL"], max_attempts=retries, interval=Duration.minutes(2), backoff_rate=2
+            )
+        alert = tasks.SnsPublish(
+            scope,
+            "Alert",
+            topic=alert_topic,
+            subject=f"lakehouse {job} job failed",
+            message=sfn.TaskInput.from_object(
+                {
+                    "job": job,
+                    "cluster": cluster_id,
+                    "error": sfn.JsonPath.string_at("$.error.Error"),
+                    "cause": sfn.JsonPath.string_at("$.error.Cause"),
+                    "next": "read the step's stderr in the EMR log bucket; rerun: start this state machine",
+                }
+            ),
+            result_path=sfn.JsonPath.DISCARD,
+        )
+        failed = sfn.Fail(scope, "Failed", cause=f"{job} step failed")
+        run.add_catch(alert.next(failed), result_path="$.error")
+        log_group = logs.LogGroup(scope, "Logs", retention=log_retention, removal_policy=removal_policy)
+        machine = sfn.StateMachine(
+            scope,
+            "StateMachine",
+            definition_body=sfn.DefinitionBody.from_chainable(
+                (first.next(run) if first else run).next(sfn.Succeed(scope, "Done"))
+            ),
+            timeout=Duration.hours(6),
+            tracing_enabled=True,
+            logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
+        )
+        machine.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "elasticmapreduce:AddJobFlowSteps",
+                    "elasticmapreduce:DescribeStep",
+                    "elasticmapreduce:CancelSteps",
+                ],
+                resources=[self.cluster_arn],
+            )
+        )
+        # `.sync` on EMR steps waits through this Step Functions-managed rule.
+        machine.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
+                resources=[aws_arn("events", "rule/StepFunctionsGetEventForEMRAddJobFlowStepsRule")],
+            )
+        )
+        acknowledge(
+            machine,
+            "AwsSolutions-IAM5[Resource::*]",
+            "CDK's standard grants for state machine log delivery and X-Ray tracing: those actions "
+            "support no resource-level permissions",
+        )
+        return machine

@@ -1,0 +1,110 @@
+"""What an EMR step runs: the spark-submit arguments of each job (pure; used by the CDK constructs).
+
+Every setting a job needs is an argument (`jobs.common.job_args`): nothing is looked up on the node.
+The jobs' code and dependencies come from the artifact set of `make package` at
+`s3://<artifacts>/emr/<version>/` (`lakehouse/emr_package.py`): `pyenv-<arch>.zip` is unpacked by
+YARN as `./pyenv` in every container and put on PYTHONPATH; `emr_step.py` dispatches to the job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+ARTIFACTS_PREFIX = "emr"
+BOOTSTRAP_PREFIX = "bootstrap"
+STEP_NAME_PREFIX = "lakehouse-"
+
+# Long-running jobs kept alive by the step supervisor, and batch jobs run to completion.
+STREAMING_JOBS: Mapping[str, str] = {
+    "cdc": "jobs.cdc_sync",
+    "ingest": "jobs.clickstream_ingest",
+    "views": "jobs.product_views",
+}
+BATCH_JOBS: Mapping[str, str] = {
+    "report": "jobs.batch_report",
+    "maintain": "jobs.maintain",
+    "gendata": "jobs.gendata",
+}
+
+
+@dataclass(frozen=True)
+class JobArtifacts:
+    """Where one build of the jobs lives in the artifacts bucket."""
+
+    bucket_name: str
+    version: str
+    architecture: str  # x86_64 or aarch64, from the cluster's instance types
+
+    @property
+    def prefix(self) -> str:
+        return f"s3://{self.bucket_name}/{ARTIFACTS_PREFIX}/{self.version}"
+
+    @property
+    def archive_uri(self) -> str:
+        return f"{self.prefix}/pyenv-{self.architecture}.zip"
+
+    @property
+    def entry_point_uri(self) -> str:
+        return f"{self.prefix}/emr_step.py"
+
+
+def step_name(job: str, version: str) -> str:
+    """`lakehouse-<job>@<version>`: the supervisor recognises a job's steps and their build by it."""
+    return f"{STEP_NAME_PREFIX}{job}@{version}"
+
+
+def environment_args(job_settings: Mapping[str, object]) -> list[str]:
+    """The arguments of `jobs.common.job_args.config_from_args` for an AWS environment."""
+    flags = (
+        ("--env", "env"),
+        ("--region", "region"),
+        ("--warehouse", "warehouse"),
+        ("--kafka-bootstrap", "kafka_bootstrap"),
+        ("--mysql-host", "mysql_host"),
+        ("--mysql-port", "mysql_port"),
+        ("--mysql-cdc-secret-id", "mysql_cdc_secret_id"),
+        ("--checkpoint-dir", "checkpoint_dir"),
+    )
+    args: list[str] = []
+    for flag, key in flags:
+        args += [flag, str(job_settings[key])]
+    return args
+
+
+def spark_submit_args(
+    *,
+    job: str,
+    module: str,
+    artifacts: JobArtifacts,
+    job_settings: Mapping[str, object],
+    job_python: str,
+    job_args: Sequence[str] = (),
+) -> list[str]:
+    """command-runner.jar arguments of one job's step (cluster mode: the driver runs on YARN, so a
+    primary-node restart does not kill it, and the archive reaches the driver too)."""
+    return [
+        "spark-submit",
+        "--deploy-mode",
+        "cluster",
+        "--name",
+        f"{STEP_NAME_PREFIX}{job}",
+        "--conf",
+        f"spark.archives={artifacts.archive_uri}#pyenv",
+        "--conf",
+        "spark.yarn.appMasterEnv.PYTHONPATH=./pyenv",
+        "--conf",
+        "spark.executorEnv.PYTHONPATH=./pyenv",
+        "--conf",
+        f"spark.yarn.appMasterEnv.PYSPARK_PYTHON={job_python}",
+        "--conf",
+        f"spark.executorEnv.PYSPARK_PYTHON={job_python}",
+        # One YARN attempt: a failed job surfaces as a failed step, which the supervisor (streaming)
+        # or the state machine (batch) retries with backoff and reports.
+        "--conf",
+        "spark.yarn.maxAppAttempts=1",
+        artifacts.entry_point_uri,
+        module,
+        *environment_args(job_settings),
+        *job_args,
+    ]

@@ -1,0 +1,363 @@
+"""Keeps each long-running streaming job running as exactly one EMR step of the desired version.
+
+Invoked by a 5-minute schedule, by "EMR Step Status Change" events of the cluster and once per
+deploy. Every invocation ignores what the event says and reconciles all jobs from the cluster's
+current state, so lost, duplicated or out-of-order events do no harm.
+
+`plan` decides (pure, no AWS); `reconcile` reads EMR, calls `plan` and executes its actions.
+
+Environment: CLUSTER_ID, STREAMING_STEPS (JSON list of {job, name, version, args}),
+ALERT_TOPIC_ARN, and optionally MAX_FAILURES_PER_HOUR (5), BACKOFF_BASE_SECONDS (30),
+BACKOFF_MAX_SECONDS (900), SCHEDULE_PERIOD_SECONDS (300, the schedule's rate).
+IAM: elasticmapreduce:DescribeCluster, ListSteps, AddJobFlowSteps, CancelSteps, AddTags on the
+cluster; sns:Publish on the topic.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+LOG = logging.getLogger()
+LOG.setLevel(logging.INFO)
+
+LIVE_CLUSTER_STATES = frozenset({"STARTING", "BOOTSTRAPPING", "RUNNING", "WAITING"})
+ACTIVE_STATES = ("PENDING", "RUNNING", "CANCEL_PENDING")
+CANCELLABLE_STATES = frozenset({"PENDING", "RUNNING"})  # CANCEL_PENDING is already on its way out
+FAILED_STATES = frozenset({"FAILED", "INTERRUPTED"})  # CANCELLED/COMPLETED are never failures
+FAILURE_WINDOW = timedelta(hours=1)
+STEP_NAME = re.compile(r"^lakehouse-(?P<job>[^@]+)@(?P<version>.+)$")
+# Remembers, per job, the failed step whose give-up alert was already sent (see `plan`).
+ALERTED_TAG_PREFIX = "lakehouse-supervisor:alerted:"
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    job: str
+    name: str
+    version: str
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ObservedStep:
+    job: str
+    step_id: str
+    name: str
+    version: str
+    state: str
+    created: datetime
+    ended: datetime | None = None
+
+    @property
+    def finished_at(self) -> datetime:
+        # A terminal step without an end time is odd; its creation time is the safe stand-in.
+        return self.ended or self.created
+
+
+@dataclass(frozen=True)
+class Policy:
+    max_failures_per_hour: int = 5
+    backoff_base: timedelta = timedelta(seconds=30)
+    backoff_max: timedelta = timedelta(seconds=900)
+    schedule_period: timedelta = timedelta(minutes=5)
+
+    def backoff(self, failures: int) -> timedelta:
+        return min(self.backoff_base * 2 ** max(failures - 1, 0), self.backoff_max)
+
+
+@dataclass(frozen=True)
+class Start:
+    spec: StepSpec
+    reason: str
+
+
+@dataclass(frozen=True)
+class Cancel:
+    job: str
+    step_id: str
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Keep:
+    job: str
+    step_id: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    job: str
+    reason: str
+    until: datetime | None = None  # None: until an active step has stopped
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    job: str
+    version: str
+    failures: int
+    newest_failure: ObservedStep
+    retry_after: datetime  # when enough failures have left the window for retries to resume
+
+
+@dataclass(frozen=True)
+class Note:
+    message: str
+
+
+Action = Start | Cancel | Keep | Wait | GiveUp | Note
+
+
+def plan(
+    desired: Sequence[StepSpec],
+    observed: Sequence[ObservedStep],
+    cluster_state: str,
+    now: datetime,
+    policy: Policy,
+    alerted: Mapping[str, str] | None = None,
+) -> list[Action]:
+    """The actions that bring the cluster's steps to `desired`. `alerted` maps a job to the step
+    id of the failure whose give-up alert was already sent (read from the cluster's tags)."""
+    if cluster_state not in LIVE_CLUSTER_STATES:
+        return [Note(f"cluster is {cluster_state}: nothing to supervise")]
+    alerted = alerted or {}
+    actions: list[Action] = []
+    for spec in desired:
+        steps = [step for step in observed if step.job == spec.job]
+        actions += _plan_job(spec, steps, now, policy, alerted.get(spec.job))
+    desired_jobs = {spec.job for spec in desired}
+    for step in observed:
+        if step.job not in desired_jobs and step.state in CANCELLABLE_STATES:
+            actions.append(Cancel(step.job, step.step_id, step.name, "job is no longer deployed"))
+    return actions
+
+
+def _plan_job(
+    spec: StepSpec, steps: list[ObservedStep], now: datetime, policy: Policy, alerted_step_id: str | None
+) -> list[Action]:
+    active = [step for step in steps if step.state in ACTIVE_STATES]
+    cancellable = [step for step in active if step.state in CANCELLABLE_STATES]
+    current = [step for step in cancellable if step.version == spec.version]
+    if current:
+        # Keep the one that is already running longest; newer duplicates are the extras.
+        keeper = min(current, key=lambda step: (step.state != "RUNNING", step.created, step.step_id))
+        extras = [step for step in cancellable if step is not keeper]
+        return [Keep(spec.job, keeper.step_id)] + [
+            Cancel(spec.job, step.step_id, step.name, f"duplicate of {keeper.step_id}") for step in extras
+        ]
+    if active:
+        # Two instances of a job must never overlap: the new version starts on a later invocation
+        # (the CANCELLED status event, or the schedule) once nothing of this job is active.
+        reason = f"replaced by version {spec.version}"
+        return [Cancel(spec.job, step.step_id, step.name, reason) for step in cancellable] + [
+            Wait(spec.job, f"waiting for {', '.join(s.step_id for s in active)} to stop")
+        ]
+
+    # Failures of older versions don't count: deploying a fix must be tried at once.
+    failures = sorted(
+        (
+            step
+            for step in steps
+            if step.version == spec.version
+            and step.state in FAILED_STATES
+            and now - step.finished_at < FAILURE_WINDOW
+        ),
+        key=lambda step: step.finished_at,
+    )
+    if not failures:
+        return [Start(spec, "not running")]
+    newest = failures[-1]
+    if len(failures) >= policy.max_failures_per_hour:
+        # Retries resume once the failure count in the window drops below the maximum.
+        retry_after = failures[len(failures) - policy.max_failures_per_hour].finished_at + FAILURE_WINDOW
+        # One alert per give-up episode: its newest failure is remembered in a cluster tag. The
+        # time limit keeps alerts from repeating every schedule if that tag cannot be written.
+        fresh = now - newest.finished_at < 2 * policy.schedule_period
+        if fresh and alerted_step_id != newest.step_id:
+            return [GiveUp(spec.job, spec.version, len(failures), newest, retry_after)]
+        reason = f"given up: {len(failures)} failures in the last hour (alerted once per episode)"
+        return [Wait(spec.job, reason, retry_after)]
+    until = newest.finished_at + policy.backoff(len(failures))
+    if now < until:
+        return [Wait(spec.job, f"backing off after {len(failures)} failure(s) in the last hour", until)]
+    return [Start(spec, f"restart after {len(failures)} failure(s) in the last hour")]
+
+
+# --- executor -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    cluster_id: str
+    alert_topic_arn: str
+    desired: tuple[StepSpec, ...]
+    policy: Policy = field(default_factory=Policy)
+
+
+def settings_from_env(environ: Mapping[str, str]) -> Settings:
+    desired = tuple(
+        StepSpec(job=item["job"], name=item["name"], version=item["version"], args=tuple(item["args"]))
+        for item in json.loads(environ["STREAMING_STEPS"])
+    )
+    for spec in desired:
+        if spec.name != f"lakehouse-{spec.job}@{spec.version}" or not spec.args:
+            raise ValueError(
+                f"STREAMING_STEPS entry {spec.job!r}: name must be 'lakehouse-<job>@<version>' "
+                f"(got {spec.name!r}) and args non-empty; fix the supervisor's config in the CDK app"
+            )
+    if len({spec.job for spec in desired}) != len(desired):
+        raise ValueError("STREAMING_STEPS lists a job twice; each job runs as exactly one step")
+    policy = Policy(
+        max_failures_per_hour=int(environ.get("MAX_FAILURES_PER_HOUR", "5")),
+        backoff_base=timedelta(seconds=int(environ.get("BACKOFF_BASE_SECONDS", "30"))),
+        backoff_max=timedelta(seconds=int(environ.get("BACKOFF_MAX_SECONDS", "900"))),
+        schedule_period=timedelta(seconds=int(environ.get("SCHEDULE_PERIOD_SECONDS", "300"))),
+    )
+    return Settings(environ["CLUSTER_ID"], environ["ALERT_TOPIC_ARN"], desired, policy)
+
+
+def observed_step(summary: Mapping[str, Any]) -> ObservedStep | None:
+    """A supervised step from a ListSteps summary; None for steps that are not `lakehouse-<job>@<v>`."""
+    match = STEP_NAME.match(summary.get("Name") or "")
+    status = summary.get("Status") or {}
+    timeline = status.get("Timeline") or {}
+    if not match or not summary.get("Id") or "CreationDateTime" not in timeline:
+        return None
+    return ObservedStep(
+        job=match["job"],
+        step_id=summary["Id"],
+        name=summary["Name"],
+        version=match["version"],
+        state=status.get("State", "UNKNOWN"),
+        created=timeline["CreationDateTime"],
+        ended=timeline.get("EndDateTime"),
+    )
+
+
+def list_relevant_steps(emr, cluster_id: str, created_since: datetime) -> list[dict]:
+    """Active steps of any age, plus every step created since `created_since`."""
+    paginator = emr.get_paginator("list_steps")
+    by_id: dict[str, dict] = {}
+    for page in paginator.paginate(ClusterId=cluster_id, StepStates=list(ACTIVE_STATES)):
+        by_id.update((step["Id"], step) for step in page["Steps"])
+    # Unfiltered ListSteps is newest first (a StepStates filter drops that guarantee), so paging
+    # can stop at the first older step instead of reading the cluster's whole history.
+    for page in paginator.paginate(ClusterId=cluster_id):
+        recent = [s for s in page["Steps"] if s["Status"]["Timeline"]["CreationDateTime"] >= created_since]
+        by_id.update((step["Id"], step) for step in recent)
+        if len(recent) < len(page["Steps"]):
+            break
+    return list(by_id.values())
+
+
+def reconcile(settings: Settings, emr, sns, now: datetime) -> dict:
+    cluster = emr.describe_cluster(ClusterId=settings.cluster_id)["Cluster"]
+    cluster_state = cluster["Status"]["State"]
+    alerted = {
+        tag["Key"][len(ALERTED_TAG_PREFIX) :]: tag["Value"]
+        for tag in cluster.get("Tags", [])
+        if tag["Key"].startswith(ALERTED_TAG_PREFIX)
+    }
+    observed: list[ObservedStep] = []
+    if cluster_state in LIVE_CLUSTER_STATES:
+        since = now - FAILURE_WINDOW - settings.policy.schedule_period
+        summaries = list_relevant_steps(emr, settings.cluster_id, since)
+        observed = [step for step in map(observed_step, summaries) if step is not None]
+
+    results, errors = [], []
+    for action in plan(settings.desired, observed, cluster_state, now, settings.policy, alerted):
+        # One job's API error must not keep the other jobs from being reconciled.
+        try:
+            result = _execute(action, settings, cluster, emr, sns)
+        except Exception as error:  # noqa: BLE001 - re-raised below, after the other actions
+            result = {"action": type(action).__name__.lower(), **_flat(action), "error": repr(error)}
+            errors.append(error)
+        LOG.info(json.dumps(result, default=str))
+        results.append(result)
+    if errors:
+        # A failed invocation shows in the Lambda's error metric; the next one retries.
+        message = f"{len(errors)} supervisor action(s) failed; their log lines carry the errors"
+        raise RuntimeError(message) from errors[0]
+    return {"cluster_id": settings.cluster_id, "cluster_state": cluster_state, "actions": results}
+
+
+def _execute(action: Action, settings: Settings, cluster: Mapping[str, Any], emr, sns) -> dict:
+    """Carries out one action; returns its JSON-ready record (API errors propagate)."""
+    record = {"action": type(action).__name__.lower(), **_flat(action)}
+    if isinstance(action, Start):
+        step = {
+            "Name": action.spec.name,
+            # CONTINUE: the cluster runs several steps at once (StepConcurrencyLevel > 1).
+            "ActionOnFailure": "CONTINUE",
+            "HadoopJarStep": {"Jar": "command-runner.jar", "Args": list(action.spec.args)},
+        }
+        response = emr.add_job_flow_steps(JobFlowId=settings.cluster_id, Steps=[step])
+        record["step_id"] = response["StepIds"][0]
+    elif isinstance(action, Cancel):
+        # SEND_INTERRUPT lets the streaming query stop at a batch boundary.
+        response = emr.cancel_steps(
+            ClusterId=settings.cluster_id, StepIds=[action.step_id], StepCancellationOption="SEND_INTERRUPT"
+        )
+        info = (response.get("CancelStepsInfoList") or [{}])[0]
+        record["cancel_status"] = info.get("Status")
+        if info.get("Status") == "FAILED":  # e.g. the step ended meanwhile: the next run re-reads it
+            record["cancel_reason"] = info.get("Reason")
+    elif isinstance(action, GiveUp):
+        subject, message = give_up_alert(action, settings, cluster)
+        sns.publish(TopicArn=settings.alert_topic_arn, Subject=subject, Message=message)
+        emr.add_tags(
+            ResourceId=settings.cluster_id,
+            Tags=[{"Key": ALERTED_TAG_PREFIX + action.job, "Value": action.newest_failure.step_id}],
+        )
+    return record
+
+
+def _flat(action: Action) -> dict:
+    fields = asdict(action)
+    if isinstance(action, Start):
+        fields = {"job": action.spec.job, "name": action.spec.name, "reason": action.reason}
+    elif isinstance(action, GiveUp):
+        fields["newest_failure"] = action.newest_failure.step_id
+    return {key: value.isoformat() if isinstance(value, datetime) else value for key, value in fields.items()}
+
+
+def give_up_alert(action: GiveUp, settings: Settings, cluster: Mapping[str, Any]) -> tuple[str, str]:
+    step = action.newest_failure
+    cluster_id = settings.cluster_id
+    log_uri = (cluster.get("LogUri") or "s3://<cluster log bucket>/").rstrip("/")
+    subject = f"lakehouse: streaming job {action.job} stopped after {action.failures} failures"
+    message = "\n".join(
+        [
+            f"The streaming job '{action.job}' (version {action.version}) failed {action.failures} times "
+            f"in the last hour on EMR cluster {cluster_id}. The supervisor has stopped restarting it.",
+            f"Newest failure: step {step.step_id} ({step.state}) ended {step.finished_at.isoformat()}.",
+            "",
+            "What to do:",
+            f"1. Read the step's output: {log_uri}/{cluster_id}/steps/{step.step_id}/stderr.gz "
+            f"(the Spark driver's log is under {log_uri}/{cluster_id}/containers/).",
+            f"2. aws emr list-steps --cluster-id {cluster_id} --step-states FAILED INTERRUPTED",
+            f"   aws emr describe-step --cluster-id {cluster_id} --step-id {step.step_id}",
+            "3. Deploy a fixed version: it is started at once (failures are counted per version).",
+            f"   Otherwise the supervisor retries by itself after {action.retry_after.isoformat()}.",
+        ]
+    )
+    return subject[:100], message
+
+
+def handler(event, context):  # noqa: ARG001 - Lambda signature; the event is deliberately unused
+    import boto3  # in the Lambda runtime
+    from botocore.config import Config
+
+    settings = settings_from_env(os.environ)
+    config = Config(retries={"mode": "standard"})
+    emr = boto3.client("emr", config=config)
+    sns = boto3.client("sns", config=config)
+    return reconcile(settings, emr, sns, datetime.now(UTC))

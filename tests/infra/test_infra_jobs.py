@@ -1,0 +1,174 @@
+"""The jobs on EMR in the synthesized templates: artifacts and bootstrap scripts uploaded, bootstrap
+actions, steps submitted only after the cluster exists (supervisor + state machines), schedules,
+alerts and least-privilege IAM."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from aws_cdk.assertions import Match
+
+from infra.emr_steps import BATCH_JOBS, STREAMING_JOBS, JobArtifacts, spark_submit_args, step_name
+from infra.stacks import BOOTSTRAP_DIR
+
+SETTINGS = {
+    "env": "dev",
+    "region": "us-east-1",
+    "warehouse": "s3://w/warehouse",
+    "kafka_bootstrap": "b-1:9098,b-2:9098",
+    "mysql_host": "db",
+    "mysql_port": 3306,
+    "mysql_cdc_secret_id": "arn:secret",
+    "checkpoint_dir": "s3://w/checkpoints",
+}
+
+
+def _cluster(env) -> dict:
+    (cluster,) = env.template("Compute").find_resources("AWS::EMR::Cluster").values()
+    return cluster["Properties"]
+
+
+def _definition(machine_resource: dict) -> str:
+    """A state machine's definition with its CloudFormation tokens flattened to text."""
+    return json.dumps(machine_resource["Properties"]["DefinitionString"])
+
+
+def test_step_arguments_ship_the_archive_and_pass_every_setting():
+    artifacts = JobArtifacts("bucket", "abc123", "x86_64")
+    args = spark_submit_args(
+        job="ingest", module="jobs.clickstream_ingest", artifacts=artifacts, job_settings=SETTINGS,
+        job_python="/usr/bin/python3.11", job_args=("--trigger-seconds", "2"),
+    )  # fmt: skip
+    assert args[:3] == ["spark-submit", "--deploy-mode", "cluster"]
+    assert "spark.archives=s3://bucket/emr/abc123/pyenv-x86_64.zip#pyenv" in args
+    assert "spark.executorEnv.PYTHONPATH=./pyenv" in args
+    assert "spark.yarn.appMasterEnv.PYSPARK_PYTHON=/usr/bin/python3.11" in args
+    entry = args.index("s3://bucket/emr/abc123/emr_step.py")
+    assert args[entry + 1] == "jobs.clickstream_ingest"
+    job_args = args[entry + 2 :]
+    for flag, key in (
+        ("--kafka-bootstrap", "kafka_bootstrap"),
+        ("--mysql-cdc-secret-id", "mysql_cdc_secret_id"),
+    ):
+        assert job_args[job_args.index(flag) + 1] == str(SETTINGS[key])
+    assert job_args[-2:] == ["--trigger-seconds", "2"]
+    assert step_name("ingest", "abc123") == "lakehouse-ingest@abc123"
+
+
+def test_job_arguments_parse_with_each_jobs_own_parser():
+    """The step's job arguments are accepted by the job's own argument parser (no AWS needed)."""
+    import importlib
+
+    artifacts = JobArtifacts("bucket", "v1", "x86_64")
+    for job, module in {**STREAMING_JOBS, **BATCH_JOBS}.items():
+        extra = ("--count", "10") if job == "gendata" else ()
+        args = spark_submit_args(
+            job=job, module=module, artifacts=artifacts, job_settings=SETTINGS, job_python="python3",
+            job_args=extra,
+        )  # fmt: skip
+        job_args = args[args.index(module) + 1 :]
+        parsed = importlib.import_module(module).parse_args(job_args)
+        parsed = parsed[0] if isinstance(parsed, tuple) else parsed  # cdc_sync also returns its own args
+        assert (parsed.env, parsed.kafka_bootstrap, parsed.mysql_port) == ("dev", "b-1:9098,b-2:9098", 3306)
+
+
+def test_artifacts_and_bootstrap_scripts_are_uploaded(synthesized):
+    version = synthesized.stacks.jobs.jobs.artifacts.version
+    synthesized.template("Jobs").has_resource_properties(
+        "Custom::CDKBucketDeployment",
+        {"DestinationBucketKeyPrefix": f"emr/{version}/", "Prune": False},
+    )
+    synthesized.template("Compute").has_resource_properties(
+        "Custom::CDKBucketDeployment", {"DestinationBucketKeyPrefix": "bootstrap/"}
+    )
+
+
+def test_bootstrap_actions_point_at_the_uploaded_scripts(synthesized):
+    actions = {a["Name"]: a["ScriptBootstrapAction"] for a in _cluster(synthesized)["BootstrapActions"]}
+    assert set(actions) == {"node-setup", "configure-catalogs"}
+    for action in actions.values():
+        script = Path(json.dumps(action["Path"]).split("/bootstrap/")[1].split('"')[0])
+        assert (BOOTSTRAP_DIR / script).is_file(), script
+    assert actions["configure-catalogs"]["Args"][:2] == ["--catalog", "lakehouse"]
+    assert actions["node-setup"]["Args"] == ["--python", synthesized.config.compute.job_python]
+    # The cluster waits for the scripts to be in S3.
+    (cluster_id,) = synthesized.template("Compute").find_resources("AWS::EMR::Cluster")
+    cluster = synthesized.templates["Compute"]["Resources"][cluster_id]
+    assert any("CustomCDKBucketDeployment" in d or "UploadBootstrap" in d for d in cluster["DependsOn"])
+
+
+def test_no_steps_on_the_cluster_and_no_cloudformation_steps(synthesized):
+    assert "Steps" not in _cluster(synthesized)
+    for template in synthesized.templates.values():
+        assert not [r for r in template["Resources"].values() if r["Type"] == "AWS::EMR::Step"]
+
+
+def test_step_concurrency_leaves_room_for_a_batch_step(synthesized):
+    assert _cluster(synthesized)["StepConcurrencyLevel"] >= len(STREAMING_JOBS) + 1
+
+
+def test_the_supervisor_runs_every_streaming_job_of_this_version(synthesized):
+    deployment = synthesized.stacks.jobs.jobs
+    steps = {s["job"]: s for s in deployment.streaming_steps}
+    assert set(steps) == set(STREAMING_JOBS)
+    for job, module in STREAMING_JOBS.items():
+        assert steps[job]["name"] == f"lakehouse-{job}@{deployment.artifacts.version}"
+        assert module in steps[job]["args"] and "cluster" in steps[job]["args"]
+    template = synthesized.template("Jobs")
+    template.has_resource_properties(
+        "AWS::Lambda::Function",
+        {
+            "Environment": {
+                "Variables": Match.object_like(
+                    {"CLUSTER_ID": Match.any_value(), "STREAMING_STEPS": Match.any_value(),
+                     "ALERT_TOPIC_ARN": Match.any_value()}
+                )
+            },
+            "ReservedConcurrentExecutions": 1,
+        },
+    )  # fmt: skip
+    every = int(synthesized.config.jobs.supervisor_every.to_minutes())
+    template.has_resource_properties(
+        "AWS::Scheduler::Schedule", {"ScheduleExpression": f"rate({every} minutes)"}
+    )
+    template.has_resource_properties(
+        "AWS::Events::Rule",
+        {"EventPattern": Match.object_like({"detail-type": ["EMR Step Status Change"]})},
+    )
+    template.resource_count_is("Custom::Trigger", 1)  # reconcile once per deploy
+
+
+def test_batch_jobs_run_on_schedule_through_state_machines_that_alert(synthesized):
+    template = synthesized.template("Jobs")
+    machines = template.find_resources("AWS::StepFunctions::StateMachine")
+    definitions = [_definition(m) for m in machines.values()]
+    for module in BATCH_JOBS.values():
+        (definition,) = [d for d in definitions if module in d]
+        assert "elasticmapreduce:addStep.sync" in definition
+        assert "sns:publish" in definition  # the catch alerts the topic
+    (gendata,) = [d for d in definitions if "jobs.gendata" in d]
+    assert "States.Array" in gendata and "$.count" in gendata and "$.rate" in gendata
+    hour = synthesized.config.jobs.report_hour_utc
+    template.has_resource_properties(
+        "AWS::Scheduler::Schedule", {"ScheduleExpression": f"cron(30 {hour} * * ? *)"}
+    )
+    template.has_resource_properties("AWS::Scheduler::Schedule", {"ScheduleExpression": "rate(1 hour)"})
+
+
+def test_step_functions_and_the_supervisor_touch_steps_of_this_cluster_only(synthesized):
+    template = synthesized.templates["Jobs"]
+    emr_statements = []
+    for resource in template["Resources"].values():
+        if resource["Type"] != "AWS::IAM::Policy":
+            continue
+        for statement in resource["Properties"]["PolicyDocument"]["Statement"]:
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            if any(a.startswith("elasticmapreduce:") for a in actions):
+                emr_statements.append(statement)
+    assert len(emr_statements) == 4  # supervisor + report, maintain, gendata
+    for statement in emr_statements:
+        resource = json.dumps(statement["Resource"])
+        assert "cluster/*" not in resource and "cluster/" in resource
+        assert "ImportValue" in resource or "GetStackOutput" in resource  # the cluster's own id
+        assert {"elasticmapreduce:AddJobFlowSteps"} <= set(statement["Action"])

@@ -1,0 +1,109 @@
+"""`make package`: what the EMR steps run, built offline, complete, minimal and reproducible."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from lakehouse import emr_package
+
+JOB_MODULES = (
+    "jobs.clickstream_ingest",
+    "jobs.cdc_sync",
+    "jobs.product_views",
+    "jobs.batch_report",
+    "jobs.maintain",
+    "jobs.gendata",
+    "jobs.emr_step",
+)
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory) -> Path:
+    return emr_package.build(tmp_path_factory.mktemp("emr"), ("x86_64",), log=lambda _msg: None)
+
+
+def test_jobs_import_nothing_from_the_local_tooling():
+    """The dependency is one-way (lakehouse -> jobs), so the EMR artifact can hold `jobs` alone."""
+    offenders = []
+    for source in sorted(emr_package.JOBS_DIR.rglob("*.py")):
+        for node in ast.walk(ast.parse(source.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            offenders += [f"{source.name}: {n}" for n in names if n.split(".")[0] in ("lakehouse", "infra")]
+    assert offenders == []
+
+
+def test_the_manifest_lists_every_file_with_its_size_and_hash(package):
+    manifest = emr_package.verify(package)
+    assert manifest.version == package.name == emr_package.source_version()
+    names = {f.name for f in manifest.files}
+    assert {"emr_step.py", "pyenv-x86_64.zip"} <= names
+    (package / "emr_step.py").write_text("tampered")
+    with pytest.raises(emr_package.PackageError, match="emr_step.py"):
+        emr_package.verify(package)
+    (package / "emr_step.py").write_bytes(emr_package.ENTRY_POINT.read_bytes())
+
+
+def test_wheels_are_for_cpython_311_manylinux_x86_64_or_pure(package):
+    wheels = sorted((package / "wheelhouse-x86_64").glob("*.whl"))
+    assert any(w.name.startswith("lakehouse_jobs-0.1.0+") for w in wheels)
+    for wheel in wheels:
+        *_, python_tag, abi_tag, platform_tag = wheel.stem.split("-")
+        pure = abi_tag == "none" and platform_tag == "any"
+        native = python_tag == "cp311" and "manylinux" in platform_tag and platform_tag.endswith("x86_64")
+        assert pure or native, wheel.name
+
+
+def test_the_archive_holds_the_jobs_and_their_dependencies_only(package):
+    with zipfile.ZipFile(package / "pyenv-x86_64.zip") as archive:
+        tops = {name.split("/")[0] for name in archive.namelist()}
+    assert {"jobs", "confluent_kafka", "pymysqlreplication", "pyarrow", "aws_msk_iam_sasl_signer"} <= tops
+    assert not tops & {"lakehouse", "infra", "tests", "bin", "pyspark"}
+
+
+def test_the_wheelhouse_installs_offline_and_every_job_imports_without_a_checkout(package, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    version = f"{emr_package.JOBS_BASE_VERSION}+{package.name}"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-index", "--find-links",
+         str(package / "wheelhouse-x86_64"), f"lakehouse_jobs=={version}"],
+        check=True,
+    )  # fmt: skip
+    # Spark itself is the cluster's (EMR ships it): lend this venv only pyspark and py4j.
+    provided = tmp_path / "emr-provided"
+    provided.mkdir()
+    for package_name in ("pyspark", "py4j"):
+        module = __import__(package_name)
+        (provided / package_name).symlink_to(Path(module.__file__).parent)
+    site = next((venv / "lib").glob("python3.*/site-packages"))
+    (site / "emr-provided.pth").write_text(f"{provided}\n")
+
+    probe = f"import {', '.join(JOB_MODULES)}; import jobs; print(jobs.__file__)"
+    result = subprocess.run(
+        [str(python), "-I", "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().startswith(str(venv))
+
+
+def test_two_builds_of_the_same_tree_are_byte_identical(package, tmp_path):
+    again = emr_package.build(tmp_path, ("x86_64",), log=lambda _msg: None)
+    first, second = emr_package.verify(package), emr_package.verify(again)
+    assert first == second
+
+
+def test_instance_types_map_to_their_architecture():
+    assert emr_package.architectures_for(["m5.xlarge", "m6i.2xlarge", "m5a.xlarge"]) == ("x86_64",)
+    assert emr_package.architectures_for(["m7g.xlarge", "c6gd.2xlarge"]) == ("aarch64",)
+    assert emr_package.architectures_for(["m6g.xlarge", "m6i.xlarge"]) == ("aarch64", "x86_64")
