@@ -169,7 +169,6 @@ class ClickstreamIngest:
         if fetched is None:
             return 0
         batch, partitions, stats = fetched
-        self._check_read_starts(partitions, stats)
         result = BatchResult(
             records=sum(s.records for s in stats.values()),
             rejects=sum(s.rejects for s in stats.values()),
@@ -240,6 +239,8 @@ class ClickstreamIngest:
                 # Materialized once: both tables and the end offsets come from the same records. The
                 # per-partition stats are observed while materializing (no second pass).
                 batch, stats = materialize_with_stats(fetched, partitions)
+                # Before anything is written; inside the retry, since it may ask the broker.
+                self._check_read_starts(partitions, stats)
                 return batch, partitions, stats
             except Exception as exc:  # noqa: BLE001 - Py4J wraps executor errors; classify by text
                 if not isinstance(exc, BrokerUnavailable) and "BrokerUnavailable" not in str(exc):

@@ -5,7 +5,7 @@ Keeps `lakehouse.ads_behavior.product_views` equal to the source system's statis
 product_price`, by reading only the click rows it has not counted yet.
 
 Progress is a per-Kafka-partition offset watermark over the click table's lineage columns, keyed
-by the topic the ingest reads and stored in the summary of the same MERGE commit that adds the
+by the topic the ingest reads and stored in the summary of the same commit that adds the
 counts (`lakehouse.views.click-offsets`). The ingest commits each partition's offsets in order and
 exactly once, so "offset >= watermark" is exactly the uncounted rows. Unlike an incremental
 snapshot scan, this survives the click table's compaction (rewrite snapshots carry the same rows)
@@ -24,6 +24,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -35,10 +36,11 @@ from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_b
 from jobs.common.snapshot_progress import (
     CONCURRENT_WRITER_EXIT,
     ConcurrentWriterError,
+    exclusive_append_options,
     progress_as_of,
     read_progress,
     retry_commit,
-    with_snapshot_properties,
+    writer_options,
 )
 from jobs.config import LakehouseConfig
 from jobs.spark_session import build_spark, stop_spark
@@ -150,15 +152,19 @@ def fold_delta(rows: Sequence, watermark: Watermark) -> Delta:
     return Delta(dict(counts), advanced)
 
 
-def merge_statement(target: str, source_view: str) -> str:
-    # Null-safe keys: clicks of unknown products have null name and price, and form their own group.
-    on = " AND ".join(f"t.{c} <=> s.{c}" for c in GROUP_COLUMNS)
-    return (
-        f"MERGE INTO {target} t USING {source_view} s ON {on} "
-        "WHEN MATCHED THEN UPDATE SET t.views = t.views + s.views, t.updated_at = s.updated_at "
-        "WHEN NOT MATCHED THEN INSERT (productId, name, product_price, views, updated_at) "
-        "VALUES (s.productId, s.name, s.product_price, s.views, s.updated_at)"
-    )
+VIEWS_SCHEMA = (
+    "productId string, name string, product_price decimal(10,4), views bigint, updated_at timestamp"
+)
+
+
+def with_delta(base: Sequence, delta: Delta, now: datetime) -> list[tuple]:
+    """The whole view after adding `delta` to `base` (its rows as of this job's last commit).
+    Groups are keyed null-safely: clicks of unknown products (null name and price) form one group."""
+    rows = {tuple(row[c] for c in GROUP_COLUMNS): (row["views"], row["updated_at"]) for row in base}
+    for group, views in delta.counts.items():
+        before, _ = rows.get(group, (0, None))
+        rows[group] = (before + views, now)
+    return [(*group, views, updated_at) for group, (views, updated_at) in rows.items()]
 
 
 # ---- the job -----------------------------------------------------------------------------------------
@@ -191,10 +197,7 @@ class ProductViews:
         return watermark_from_summary(read_progress(self.spark, self.settings.views_table, PROGRESS_KEY))
 
     def _clicks_snapshot(self) -> int | None:
-        rows = self.spark.sql(
-            f"SELECT snapshot_id FROM {self.settings.clicks_table}.refs WHERE name = 'main'"
-        ).collect()
-        return rows[0][0] if rows else None
+        return self._main_snapshot(self.settings.clicks_table)
 
     def run_batch(self) -> int:
         if not self.spark.catalog.tableExists(self.settings.clicks_table):
@@ -236,33 +239,49 @@ class ProductViews:
         return delta.views
 
     def _commit(self, topic: str, delta: Delta) -> None:
-        view = "product_views_delta"
-        self.spark.createDataFrame(
-            [(*group, views) for group, views in delta.counts.items()],
-            "productId string, name string, product_price decimal(10,4), views bigint",
-        ).withColumn("updated_at", F.current_timestamp()).createOrReplaceTempView(view)
-        summary = {PROGRESS_KEY: watermark_summary(topic, delta.watermark)}
-        statement = merge_statement(self.settings.views_table, view)
+        """Rewrite the (small) view as its state at the snapshot that holds this job's watermark plus
+        `delta`, in one exclusive overwrite validated from that snapshot: if anyone else committed
+        data since, Iceberg rejects the commit, so a second writer can never double-count."""
+        table = self.settings.views_table
+        summary = writer_options({PROGRESS_KEY: watermark_summary(topic, delta.watermark)})
 
         @retry_commit()
         def commit() -> None:
+            base_snapshot = self._main_snapshot(table)
+            stored = watermark_from_summary(
+                progress_as_of(self.spark, table, base_snapshot, PROGRESS_KEY) if base_snapshot else None
+            )
             # A commit whose outcome was unknown may have landed: then the table already holds it.
-            stored = self._stored_watermark()
             if stored == (topic, delta.watermark):
                 return
             if stored != (self.topic, self.watermark):
                 mine = watermark_summary(self.topic, self.watermark)
                 raise ConcurrentWriterError(
-                    f"another product_views job committed to {self.settings.views_table} (its offsets "
+                    f"another product_views job committed to {table} (its offsets "
                     f"{watermark_summary(*stored)}, this one's {mine}): only one may run per view "
                     "table; stopping without committing this batch"
                 )
-            with_snapshot_properties(self.spark, summary, lambda: self.spark.sql(statement))
+            base = (
+                self.spark.read.format("iceberg").option("snapshot-id", base_snapshot).load(table).collect()
+                if base_snapshot
+                else []
+            )
+            rows = self.spark.createDataFrame(with_delta(base, delta, datetime.now(UTC)), VIEWS_SCHEMA)
+            options = {**summary, **exclusive_append_options(base_snapshot)}
+            try:
+                rows.coalesce(1).writeTo(table).options(**options).overwrite(F.lit(True))
+            except Exception as exc:  # noqa: BLE001 - py4j wraps Iceberg's ValidationException
+                if "Found conflicting" not in str(exc):
+                    raise
+                # Someone committed since the base snapshot (compaction or another writer): retry,
+                # and the check above tells which.
+                raise RuntimeError(f"CommitFailedException: {table} changed during the commit") from exc
 
-        try:
-            commit()
-        finally:
-            self.spark.catalog.dropTempView(view)
+        commit()
+
+    def _main_snapshot(self, table: str) -> int | None:
+        rows = self.spark.sql(f"SELECT snapshot_id FROM {table}.refs WHERE name = 'main'").collect()
+        return rows[0][0] if rows else None
 
 
 # ---- entry point ---------------------------------------------------------------------------------------

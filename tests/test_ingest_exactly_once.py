@@ -76,7 +76,7 @@ def test_a_commit_that_landed_but_reported_failure_is_not_appended_again(
 def test_a_second_writer_on_the_same_tables_aborts_with_a_clear_error(spark, lake_config, catalog):
     """Two instances resumed from the same offsets (a re-submitted step beside a live one): the one
     that commits second must not append the same range again."""
-    ConcurrentWriterError = Exception
+    from jobs.clickstream_ingest import ConcurrentWriterError
 
     case = Case(lake_config, "two_writers")
     delivered = case.produce_generated(1500, seed=33, bad_ratio=0.1)

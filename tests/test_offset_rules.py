@@ -1,11 +1,18 @@
-"""The pure offset rules of the ingest and of product_views (no Spark, no broker)."""
+"""The pure rules of the ingest and of product_views (no Spark, no broker)."""
 
 from __future__ import annotations
 
 import pytest
 
 from jobs.clickstream.offsets import OffsetsRegressed, advance, check_read_start, passes
-from jobs.product_views import ANY_TOPIC, ClickOffsetsRegressed, checked_topic, watermark_from_summary
+from jobs.product_views import (
+    ANY_TOPIC,
+    ClickOffsetsRegressed,
+    Delta,
+    checked_topic,
+    watermark_from_summary,
+    with_delta,
+)
 
 
 def test_stored_offsets_never_move_back_when_a_batch_ends_below_them():
@@ -55,3 +62,27 @@ def test_views_follow_the_ingest_topic_and_refuse_regressions_and_switches():
     with pytest.raises(ClickOffsetsRegressed, match="now holds topic 'other'"):
         checked_topic("clicktopic", {0: 5}, {"other": {0: 9}})
     assert checked_topic("clicktopic", {}, {"other": {0: 9}}) == "other"  # nothing counted yet
+
+
+def test_views_add_a_delta_to_the_view_as_of_their_last_commit():
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    earlier, now = datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 11, 2, tzinfo=UTC)
+    base = [
+        {"productId": "1", "name": "a", "product_price": Decimal("1.5"), "views": 10, "updated_at": earlier},
+        {"productId": "9", "name": None, "product_price": None, "views": 4, "updated_at": earlier},
+    ]
+    delta = Delta(
+        {("1", "a", Decimal("1.5")): 3, (None, None, None): 2, ("2", "b", Decimal("8.1")): 1}, {0: 9}
+    )
+    rows = sorted(with_delta(base, delta, now), key=repr)
+    assert rows == sorted(
+        [
+            ("1", "a", Decimal("1.5"), 13, now),
+            ("9", None, None, 4, earlier),  # untouched groups keep their count and time
+            (None, None, None, 2, now),  # null keys are a group of their own
+            ("2", "b", Decimal("8.1"), 1, now),
+        ],
+        key=repr,
+    )

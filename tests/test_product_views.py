@@ -222,3 +222,36 @@ def test_views_restarts_neither_skip_nor_double_count(spark, names) -> None:
     ).collect()[0][0]
     # Rows written by hand carry no ingest offsets: the watermark is for whatever topic they came from.
     assert watermark_from_summary(stored) == (ANY_TOPIC, dict.fromkeys(range(PARTITIONS), appended))
+
+
+def test_a_second_views_job_that_commits_inside_the_race_window_is_rejected(spark, names, monkeypatch):
+    """The other job commits after this one checked the stored watermark but before it writes:
+    the exclusive overwrite (validated from the snapshot it checked) must fail, not double-count."""
+    import jobs.product_views as views_module
+
+    for statement in fact_table_ddl(names["clicks"]):
+        spark.sql(statement)
+    append_clicks(spark, names["clicks"], 0, 50, topic="clicktopic")
+    first, second = new_views(spark, names), new_views(spark, names)
+    assert catch_up(first) == 50 * PARTITIONS
+    second.topic, second.watermark = first.topic, first.watermark  # both resume from the same point
+    append_clicks(spark, names["clicks"], 50, 20, topic="clicktopic")
+
+    original = views_module.progress_as_of
+    raced: list[int] = []
+    racing: list[bool] = []
+
+    def check_then_let_the_other_job_commit(*args, **kwargs):
+        stored = original(*args, **kwargs)
+        if not racing and args[1] == names["views"]:
+            racing.append(True)
+            # Inside the window the other job counts more clicks than this one did, and commits.
+            append_clicks(spark, names["clicks"], 70, 10, topic="clicktopic")
+            raced.append(first.run_batch())
+        return stored
+
+    monkeypatch.setattr(views_module, "progress_as_of", check_then_let_the_other_job_commit)
+    with pytest.raises(ConcurrentWriterError):
+        second.run_batch()
+    assert raced == [30 * PARTITIONS]
+    assert views_rows(spark, names["views"]) == source_statistic(spark, names["clicks"])
