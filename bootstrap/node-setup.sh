@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # EMR bootstrap action (runs on every node, before EMR installs the applications): make sure the
 # interpreter the jobs run with exists and works. The jobs' dependencies come per step in a
-# `spark.archives` archive whose venv links to this interpreter, so nothing else is installed here.
+# `spark.archives` archive (a plain `pip install --target` tree run by this interpreter), so nothing
+# else is installed here.
 # Idempotent: when the interpreter is already there, it is only checked.
 set -euo pipefail
 

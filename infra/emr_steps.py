@@ -14,6 +14,7 @@ from dataclasses import dataclass
 ARTIFACTS_PREFIX = "emr"
 BOOTSTRAP_PREFIX = "bootstrap"
 STEP_NAME_PREFIX = "lakehouse-"
+STREAMING_STEPS_FILE = "streaming-steps.json"  # the step supervisor's desired steps, beside the archive
 
 # Long-running jobs kept alive by the step supervisor, and batch jobs run to completion.
 STREAMING_JOBS: Mapping[str, str] = {
@@ -72,6 +73,31 @@ def environment_args(job_settings: Mapping[str, object]) -> list[str]:
     return args
 
 
+# Cancelling an EMR step interrupts its spark-submit client, but in cluster mode the YARN
+# application (driver and executors) keeps running. So each step first kills any live application
+# of the same job (by its YARN name), then execs spark-submit: a replacement step never runs beside
+# the step it replaces, and a step whose client died leaves no orphan behind.
+REPLACE_RUNNING_APP = (
+    'app="$1"; shift; '
+    "yarn application -list -appStates NEW,NEW_SAVING,SUBMITTED,ACCEPTED,RUNNING 2>/dev/null "
+    "| awk -F '\\t' -v app=\"$app\" "
+    '\'{ id = $1; name = $2; gsub(/^[ ]+|[ ]+$/, "", id); gsub(/^[ ]+|[ ]+$/, "", name); '
+    "if (name == app && id ~ /^application_/) print id }' "
+    '| while read -r id; do echo "stopping $app\'s running YARN application $id" >&2; '
+    'yarn application -kill "$id" >&2; done; '
+    'exec "$@"'
+)
+
+
+def app_name(job: str) -> str:
+    return f"{STEP_NAME_PREFIX}{job}"
+
+
+def replacing_step_args(job: str, submit: Sequence[str]) -> list[str]:
+    """command-runner.jar arguments: stop `job`'s running YARN application, then run `submit`."""
+    return ["bash", "-c", REPLACE_RUNNING_APP, "lakehouse-step", app_name(job), *submit]
+
+
 def spark_submit_args(
     *,
     job: str,
@@ -88,7 +114,7 @@ def spark_submit_args(
         "--deploy-mode",
         "cluster",
         "--name",
-        f"{STEP_NAME_PREFIX}{job}",
+        app_name(job),
         "--conf",
         f"spark.archives={artifacts.archive_uri}#pyenv",
         "--conf",

@@ -49,6 +49,7 @@ PLATFORMS = {
 }
 _FIXED_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 _SOURCE_DATE_EPOCH = "315532800"  # 1980-01-01: wheel builds use it for their zip entries
+KEEP_BUILDS = 3  # versions kept in dist/emr (each is ~220 MB)
 
 
 class PackageError(RuntimeError):
@@ -170,7 +171,20 @@ def build(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log(f"built dist/emr/{version}")
+    _prune_old_builds(output_root, keep=KEEP_BUILDS)
     return target
+
+
+def _prune_old_builds(output_root: Path, keep: int) -> None:
+    """Each code change builds a new ~220 MB version: keep only the newest few locally (the
+    deployed ones stay in S3)."""
+    builds = sorted(
+        (d for d in output_root.iterdir() if d.is_dir() and (d / "manifest.json").exists()),
+        key=lambda d: (d / "manifest.json").stat().st_mtime,
+        reverse=True,
+    )
+    for old in builds[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def verify(directory: Path) -> Manifest:

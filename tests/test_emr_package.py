@@ -107,3 +107,16 @@ def test_instance_types_map_to_their_architecture():
     assert emr_package.architectures_for(["m5.xlarge", "m6i.2xlarge", "m5a.xlarge"]) == ("x86_64",)
     assert emr_package.architectures_for(["m7g.xlarge", "c6gd.2xlarge"]) == ("aarch64",)
     assert emr_package.architectures_for(["m6g.xlarge", "m6i.xlarge"]) == ("aarch64", "x86_64")
+
+
+def test_only_the_newest_builds_are_kept_locally(tmp_path):
+    import os
+
+    for age, name in enumerate(["newest", "second", "third", "fourth", "fifth"]):
+        (tmp_path / name).mkdir()
+        manifest = tmp_path / name / "manifest.json"
+        manifest.write_text("{}")
+        os.utime(manifest, (1_000_000 - age, 1_000_000 - age))
+    (tmp_path / "not-a-build").mkdir()
+    emr_package._prune_old_builds(tmp_path, keep=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["newest", "not-a-build", "second", "third"]

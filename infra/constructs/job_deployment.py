@@ -41,9 +41,10 @@ from infra.emr_steps import (
     ARTIFACTS_PREFIX,
     BATCH_JOBS,
     STREAMING_JOBS,
+    STREAMING_STEPS_FILE,
     JobArtifacts,
+    replacing_step_args,
     spark_submit_args,
-    step_name,
 )
 from infra.nag import (
     LAMBDA_BASIC_EXECUTION_FINDING,
@@ -74,21 +75,6 @@ class JobDeployment(Construct):
         self.artifacts = artifacts
         self.cluster_arn = aws_arn("elasticmapreduce", f"cluster/{cluster_id}")
 
-        # Note: the archive is ~110 MB; the upload handler needs the memory and disk to unzip it.
-        self.upload = s3deploy.BucketDeployment(
-            self,
-            "UploadJobArtifacts",
-            sources=[s3deploy.Source.asset(str(package_dir), exclude=["wheelhouse-*"])],
-            destination_bucket=artifacts_bucket,
-            destination_key_prefix=f"{ARTIFACTS_PREFIX}/{artifacts.version}/",
-            prune=False,
-            memory_limit=2048,
-            ephemeral_storage_size=Size.gibibytes(2),
-        )
-        acknowledge_bucket_deployment(
-            self.upload, destination_bucket_name=nag_rendering(artifacts.bucket_name)
-        )
-
         def submit_args(job: str, module: str, *extra: str) -> list[str]:
             return spark_submit_args(
                 job=job,
@@ -99,17 +85,47 @@ class JobDeployment(Construct):
                 job_args=extra,
             )
 
+        # The supervisor's desired steps live next to the archive (`streaming-steps.json`): three
+        # full argument lists do not fit in a Lambda's 4 KB of environment. It names each step
+        # `lakehouse-<job>@<version>-<digest of its args>`.
         self.streaming_steps = [
-            {"job": job, "name": step_name(job, artifacts.version), "version": artifacts.version,
-             "args": submit_args(job, module)}
+            {
+                "job": job,
+                "version": artifacts.version,
+                "args": replacing_step_args(job, submit_args(job, module)),
+            }
             for job, module in STREAMING_JOBS.items()
-        ]  # fmt: skip
+        ]
+        self.streaming_steps_key = f"{ARTIFACTS_PREFIX}/{artifacts.version}/{STREAMING_STEPS_FILE}"
+
+        # Note: the archive is ~110 MB; the upload handler needs the memory and disk to unzip it.
+        self.upload = s3deploy.BucketDeployment(
+            self,
+            "UploadJobArtifacts",
+            sources=[
+                s3deploy.Source.asset(str(package_dir), exclude=["wheelhouse-*"]),
+                s3deploy.Source.json_data(STREAMING_STEPS_FILE, self.streaming_steps),
+            ],
+            destination_bucket=artifacts_bucket,
+            destination_key_prefix=f"{ARTIFACTS_PREFIX}/{artifacts.version}/",
+            prune=False,
+            memory_limit=2048,
+            ephemeral_storage_size=Size.gibibytes(2),
+        )
+        acknowledge_bucket_deployment(
+            self.upload, destination_bucket_name=nag_rendering(artifacts.bucket_name)
+        )
         log_retention = settings.log_retention
         self.supervisor = self._supervisor(cluster_id, alert_topic, settings, removal_policy)
 
         self.batch_state_machines = {
             job: self._batch_state_machine(
-                job, cluster_id, submit_args(job, module), alert_topic, log_retention, removal_policy
+                job,
+                cluster_id,
+                replacing_step_args(job, submit_args(job, module)),
+                alert_topic,
+                log_retention,
+                removal_policy,
             )
             for job, module in BATCH_JOBS.items()
             if job != "gendata"
@@ -163,7 +179,7 @@ class JobDeployment(Construct):
             log_group=log_group,
             environment={
                 "CLUSTER_ID": cluster_id,
-                "STREAMING_STEPS": Stack.of(self).to_json_string(self.streaming_steps),
+                "STREAMING_STEPS_S3_URI": f"s3://{self.artifacts.bucket_name}/{self.streaming_steps_key}",
                 "ALERT_TOPIC_ARN": alert_topic.topic_arn,
                 "MAX_FAILURES_PER_HOUR": str(settings.max_failures_per_hour),
                 "SCHEDULE_PERIOD_SECONDS": str(int(settings.supervisor_every.to_seconds())),
@@ -184,6 +200,14 @@ class JobDeployment(Construct):
             )
         )
         alert_topic.grant_publish(function)
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject"],
+                resources=[
+                    f"arn:{Aws.PARTITION}:s3:::{self.artifacts.bucket_name}/{self.streaming_steps_key}"
+                ],
+            )
+        )
         Annotations.of(function).acknowledge_warning(
             "@aws-cdk/aws-lambda:addPermissionsToVersionOrAlias",
             "Invoked unqualified (schedule, events, deploy trigger): no permission on a version is needed",

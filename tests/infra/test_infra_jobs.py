@@ -113,21 +113,24 @@ def test_the_supervisor_runs_every_streaming_job_of_this_version(synthesized):
     steps = {s["job"]: s for s in deployment.streaming_steps}
     assert set(steps) == set(STREAMING_JOBS)
     for job, module in STREAMING_JOBS.items():
-        assert steps[job]["name"] == f"lakehouse-{job}@{deployment.artifacts.version}"
-        assert module in steps[job]["args"] and "cluster" in steps[job]["args"]
+        args = steps[job]["args"]
+        assert steps[job]["version"] == deployment.artifacts.version
+        # The step first stops the job's running YARN application, then runs spark-submit.
+        assert args[:2] == ["bash", "-c"] and args[4] == f"lakehouse-{job}"
+        assert args[5:8] == ["spark-submit", "--deploy-mode", "cluster"] and module in args
     template = synthesized.template("Jobs")
-    template.has_resource_properties(
-        "AWS::Lambda::Function",
-        {
-            "Environment": {
-                "Variables": Match.object_like(
-                    {"CLUSTER_ID": Match.any_value(), "STREAMING_STEPS": Match.any_value(),
-                     "ALERT_TOPIC_ARN": Match.any_value()}
-                )
-            },
-            "ReservedConcurrentExecutions": 1,
-        },
-    )  # fmt: skip
+    # The desired steps travel beside the archive, not in the Lambda's (4 KB) environment.
+    prefix = {"Properties": {"DestinationBucketKeyPrefix": f"emr/{deployment.artifacts.version}/"}}
+    (upload,) = template.find_resources("Custom::CDKBucketDeployment", prefix).values()
+    assert len(upload["Properties"]["SourceObjectKeys"]) == 2  # the package and streaming-steps.json
+    supervisor_only = {"Properties": {"ReservedConcurrentExecutions": 1}}
+    (supervisor,) = template.find_resources("AWS::Lambda::Function", supervisor_only).values()
+    variables = supervisor["Properties"]["Environment"]["Variables"]
+    assert set(variables) >= {"CLUSTER_ID", "STREAMING_STEPS_S3_URI", "ALERT_TOPIC_ARN"}
+    assert "STREAMING_STEPS" not in variables
+    steps_key = f"emr/{deployment.artifacts.version}/streaming-steps.json"
+    assert steps_key in json.dumps(variables["STREAMING_STEPS_S3_URI"])
+    assert len(json.dumps(variables)) < 2048  # far from Lambda's 4 KB, whatever the tokens become
     every = int(synthesized.config.jobs.supervisor_every.to_minutes())
     template.has_resource_properties(
         "AWS::Scheduler::Schedule", {"ScheduleExpression": f"rate({every} minutes)"}
@@ -137,6 +140,39 @@ def test_the_supervisor_runs_every_streaming_job_of_this_version(synthesized):
         {"EventPattern": Match.object_like({"detail-type": ["EMR Step Status Change"]})},
     )
     template.resource_count_is("Custom::Trigger", 1)  # reconcile once per deploy
+
+
+def test_a_step_stops_the_jobs_running_yarn_application_before_it_starts(tmp_path):
+    """The wrapper run for real with a stand-in `yarn`: it kills exactly the running application
+    with the job's name, then execs the command it was given."""
+    from infra.emr_steps import replacing_step_args
+
+    killed = tmp_path / "killed"
+    # As `yarn application -list` prints it: tab-separated, padded columns.
+    rows = [
+        ("                Application-Id", "    Application-Name", "Application-Type", "State"),
+        ("application_1700000000000_0007", "     lakehouse-ingest", "           SPARK", "RUNNING"),
+        ("application_1700000000000_0008", "        lakehouse-cdc", "           SPARK", "RUNNING"),
+        ("application_1700000000000_0009", "lakehouse-ingest-old ", "           SPARK", "RUNNING"),
+    ]
+    listing = "Total number of applications:3\\n" + "".join("\\t".join(r) + "\\n" for r in rows)
+    yarn = tmp_path / "yarn"
+    yarn.write_text(
+        "#!/usr/bin/env bash\n"
+        f'if [[ $2 == -list ]]; then printf "{listing}"; else echo "$3" >> {killed}; fi\n'
+    )
+    yarn.chmod(0o755)
+    args = replacing_step_args("ingest", ["echo", "spark-submit", "started"])
+    import os
+    import subprocess
+
+    result = subprocess.run(
+        args, capture_output=True, text=True, env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    )
+    assert result.returncode == 0, result.stderr
+    assert killed.read_text().split() == ["application_1700000000000_0007"]
+    assert result.stdout.strip() == "spark-submit started"
+    assert "stopping lakehouse-ingest's running YARN application" in result.stderr
 
 
 def test_batch_jobs_run_on_schedule_through_state_machines_that_alert(synthesized):

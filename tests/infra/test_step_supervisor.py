@@ -510,3 +510,21 @@ def test_one_failed_start_does_not_block_the_other_job_but_fails_the_invocation(
     with emr_stub, sns_stub, pytest.raises(RuntimeError, match="1 supervisor action"):
         sup.reconcile(settings, emr, sns, NOW)
     emr_stub.assert_no_pending_responses()
+
+
+def test_steps_come_from_s3_and_an_argument_change_is_a_new_version():
+    import boto3
+    from moto import mock_aws
+
+    steps = [{"job": "ingest", "version": "v7", "args": ["bash", "-c", "...", "spark-submit", "--x", "1"]}]
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="artifacts")
+        s3.put_object(Bucket="artifacts", Key="emr/v7/streaming-steps.json", Body=json.dumps(steps))
+        environ = {**_environ(), "STREAMING_STEPS_S3_URI": "s3://artifacts/emr/v7/streaming-steps.json"}
+        (first,) = sup.settings_from_env(environ, s3).desired
+        steps[0]["args"][-1] = "2"  # same build, one argument changed (say, the broker list)
+        s3.put_object(Bucket="artifacts", Key="emr/v7/streaming-steps.json", Body=json.dumps(steps))
+        (second,) = sup.settings_from_env(environ, s3).desired
+    assert first.name.startswith("lakehouse-ingest@v7-") and first.args[-1] == "1"
+    assert second.name != first.name and sup.STEP_NAME.match(second.name)["job"] == "ingest"

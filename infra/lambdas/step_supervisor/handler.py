@@ -6,7 +6,8 @@ current state, so lost, duplicated or out-of-order events do no harm.
 
 `plan` decides (pure, no AWS); `reconcile` reads EMR, calls `plan` and executes its actions.
 
-Environment: CLUSTER_ID, STREAMING_STEPS (JSON list of {job, name, version, args}),
+Environment: CLUSTER_ID, STREAMING_STEPS_S3_URI (a JSON list of {job, version, args} in S3; or
+STREAMING_STEPS inline, with names),
 ALERT_TOPIC_ARN, and optionally MAX_FAILURES_PER_HOUR (5), BACKOFF_BASE_SECONDS (30),
 BACKOFF_MAX_SECONDS (900), SCHEDULE_PERIOD_SECONDS (300, the schedule's rate).
 IAM: elasticmapreduce:DescribeCluster, ListSteps, AddJobFlowSteps, CancelSteps, AddTags on the
@@ -15,6 +16,7 @@ cluster; sns:Publish on the topic.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -202,17 +204,15 @@ class Settings:
     policy: Policy = field(default_factory=Policy)
 
 
-def settings_from_env(environ: Mapping[str, str]) -> Settings:
-    desired = tuple(
-        StepSpec(job=item["job"], name=item["name"], version=item["version"], args=tuple(item["args"]))
-        for item in json.loads(environ["STREAMING_STEPS"])
-    )
-    for spec in desired:
-        if spec.name != f"lakehouse-{spec.job}@{spec.version}" or not spec.args:
-            raise ValueError(
-                f"STREAMING_STEPS entry {spec.job!r}: name must be 'lakehouse-<job>@<version>' "
-                f"(got {spec.name!r}) and args non-empty; fix the supervisor's config in the CDK app"
-            )
+def settings_from_env(environ: Mapping[str, str], s3=None) -> Settings:
+    """The supervisor's settings. The desired steps come inline (`STREAMING_STEPS`) or, as the CDK
+    app deploys it, from a JSON object in S3 (`STREAMING_STEPS_S3_URI`): three full spark-submit
+    argument lists would not fit in Lambda's 4 KB of environment."""
+    if environ.get("STREAMING_STEPS_S3_URI"):
+        items = load_steps_from_s3(s3, environ["STREAMING_STEPS_S3_URI"])
+    else:
+        items = json.loads(environ["STREAMING_STEPS"])
+    desired = tuple(step_spec(item) for item in items)
     if len({spec.job for spec in desired}) != len(desired):
         raise ValueError("STREAMING_STEPS lists a job twice; each job runs as exactly one step")
     policy = Policy(
@@ -222,6 +222,33 @@ def settings_from_env(environ: Mapping[str, str]) -> Settings:
         schedule_period=timedelta(seconds=int(environ.get("SCHEDULE_PERIOD_SECONDS", "300"))),
     )
     return Settings(environ["CLUSTER_ID"], environ["ALERT_TOPIC_ARN"], desired, policy)
+
+
+def step_spec(item: Mapping[str, Any]) -> StepSpec:
+    """A desired step. Without a given name, the step's version is the build's version plus a digest
+    of its arguments, so a deploy that changes only the arguments (brokers, a secret, a flag) also
+    replaces the running step."""
+    args = tuple(item.get("args") or ())
+    if not args:
+        raise ValueError(f"STREAMING_STEPS entry {item.get('job')!r} has no args; fix the CDK app's config")
+    if "name" not in item:
+        digest = hashlib.sha256(json.dumps(args).encode()).hexdigest()[:8]
+        version = f"{item['version']}-{digest}"
+        return StepSpec(
+            job=item["job"], name=f"lakehouse-{item['job']}@{version}", version=version, args=args
+        )
+    spec = StepSpec(job=item["job"], name=item["name"], version=item["version"], args=args)
+    if spec.name != f"lakehouse-{spec.job}@{spec.version}":
+        raise ValueError(
+            f"STREAMING_STEPS entry {spec.job!r}: name must be 'lakehouse-<job>@<version>' "
+            f"(got {spec.name!r}); fix the supervisor's config in the CDK app"
+        )
+    return spec
+
+
+def load_steps_from_s3(s3, uri: str) -> list[dict]:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
 
 
 def observed_step(summary: Mapping[str, Any]) -> ObservedStep | None:
@@ -356,8 +383,8 @@ def handler(event, context):  # noqa: ARG001 - Lambda signature; the event is de
     import boto3  # in the Lambda runtime
     from botocore.config import Config
 
-    settings = settings_from_env(os.environ)
     config = Config(retries={"mode": "standard"})
+    settings = settings_from_env(os.environ, boto3.client("s3", config=config))
     emr = boto3.client("emr", config=config)
     sns = boto3.client("sns", config=config)
     return reconcile(settings, emr, sns, datetime.now(UTC))
