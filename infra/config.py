@@ -116,6 +116,9 @@ class DeploymentConfig:
     compute: ComputeSettings
     monitoring: MonitoringSettings
     jobs: JobSettings
+    # The longest any log group keeps its events, the framework's too (CDK's providers default to
+    # two years); with `removal_policy`, dev teardown leaves no log group behind.
+    log_retention_cap_days: int
 
     @property
     def removal_policy(self) -> RemovalPolicy:
@@ -234,6 +237,7 @@ _DEV = DeploymentConfig(
         max_failures_per_hour=5,
         log_retention=logs.RetentionDays.ONE_WEEK,
     ),
+    log_retention_cap_days=30,
 )
 
 _PROD = replace(
@@ -291,6 +295,7 @@ _PROD = replace(
         max_failures_per_hour=10,
         log_retention=logs.RetentionDays.THREE_MONTHS,
     ),
+    log_retention_cap_days=731,
 )
 
 _ENVIRONMENTS: dict[str, DeploymentConfig] = {"dev": _DEV, "prod": _PROD}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aws_cdk import App, Aws, CfnOutput, Environment, Stack, Tags
+from aws_cdk import App, Aspects, Aws, CfnOutput, Environment, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_ssm as ssm
@@ -23,6 +23,7 @@ from infra.constructs.network import Network
 from infra.constructs.source_database import MYSQL_PORT, SourceDatabase
 from infra.constructs.streaming import MSK_IAM_PORT, Streaming
 from infra.emr_steps import JobArtifacts
+from infra.log_groups import LogGroupPolicy
 from lakehouse.emr_package import architectures_for
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -267,6 +268,7 @@ class LakehouseStacks:
         )
         self.jobs.add_stack_dependency(self.lake)
         for stack in self.all:
+            Aspects.of(stack).add(LogGroupPolicy(config.removal_policy, config.log_retention_cap_days))
             Tags.of(stack).add("project", "lakehouse")
             Tags.of(stack).add("environment", config.env_name)
 

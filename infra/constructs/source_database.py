@@ -21,7 +21,9 @@ from jobs.config import SOURCE_DATABASE
 from lakehouse import seed_data
 
 # Supported, non-deprecated MySQL 8.0 minor available in aws-cdk-lib 2.275.0.
-MYSQL_ENGINE_VERSION = rds.MysqlEngineVersion.VER_8_0_43
+# MySQL 8.4 (LTS): 8.0's standard support ended 2026-07-31, and new 8.0 instances are enrolled in
+# paid RDS Extended Support. 8.4 keeps every binlog setting the CDC reader needs.
+MYSQL_ENGINE_VERSION = rds.MysqlEngineVersion.VER_8_4_10
 MYSQL_PORT = 3306
 ADMIN_USER = "lakehouse_admin"
 CDC_USER = "cdc_user"

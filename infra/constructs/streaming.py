@@ -183,7 +183,12 @@ class Streaming(Construct):
         principal.add_to_principal_policy(
             iam.PolicyStatement(
                 sid="MskConnect",
-                actions=["kafka-cluster:Connect", "kafka-cluster:DescribeCluster"],
+                # WriteDataIdempotently: the producers (gendata) use an idempotent producer.
+                actions=[
+                    "kafka-cluster:Connect",
+                    "kafka-cluster:DescribeCluster",
+                    "kafka-cluster:WriteDataIdempotently",
+                ],
                 resources=[self._arn("cluster")],
             )
         )

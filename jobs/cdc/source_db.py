@@ -96,10 +96,18 @@ def describe_table(conn: pymysql.Connection, schema: str, name: str) -> SourceTa
     return SourceTable(schema, name, columns, key)
 
 
+MYSQL_PARSE_ERROR = 1064
+
+
 def master_position(conn: pymysql.Connection) -> tuple[str, int, str]:
     """(binlog file, position, GTID set) at the end of the binlog right now."""
     with conn.cursor() as cur:
-        cur.execute("SHOW MASTER STATUS")
+        try:
+            cur.execute("SHOW BINARY LOG STATUS")  # MySQL 8.2+; 8.4 (RDS) has no SHOW MASTER STATUS
+        except pymysql.err.ProgrammingError as exc:
+            if not exc.args or exc.args[0] != MYSQL_PARSE_ERROR:
+                raise
+            cur.execute("SHOW MASTER STATUS")  # MariaDB, MySQL 8.0
         row = cur.fetchone()
         if row is None:
             raise ConfigError("the source has no binary log: enable log_bin with binlog_format=ROW")
@@ -117,7 +125,7 @@ def binary_logs(conn: pymysql.Connection) -> dict[str, int]:
     """Binlog file -> its size in bytes (SHOW BINARY LOGS), oldest first.
 
     The file being written can report less than what has been committed to it (not yet flushed),
-    so its size is the end position from SHOW MASTER STATUS, read after it.
+    so its size is the end position from the binary log status, read after it.
     """
     with conn.cursor() as cur:
         cur.execute("SHOW BINARY LOGS")

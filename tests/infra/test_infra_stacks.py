@@ -188,7 +188,7 @@ def test_mysql_binlog_parameters_and_backups(synthesized):
     template.has_resource_properties(
         "AWS::RDS::DBParameterGroup",
         {
-            "Family": "mysql8.0",
+            "Family": "mysql8.4",
             "Parameters": Match.object_like(
                 {
                     "binlog_format": "ROW",
@@ -200,7 +200,7 @@ def test_mysql_binlog_parameters_and_backups(synthesized):
     )
     (instance,) = template.find_resources("AWS::RDS::DBInstance").values()
     props = instance["Properties"]
-    assert props["Engine"] == "mysql" and props["EngineVersion"].startswith("8.0.")
+    assert props["Engine"] == "mysql" and props["EngineVersion"].startswith("8.4.")
     assert props["BackupRetentionPeriod"] >= 1
     assert props["StorageEncrypted"] is True
     assert props["PubliclyAccessible"] is False
@@ -357,3 +357,37 @@ def test_failures_and_storage_alarms_reach_an_encrypted_topic(synthesized):
     assert len(disk_alarms) == synthesized.config.streaming.broker_count
     for alarm in template.find_resources("AWS::CloudWatch::Alarm").values():
         assert alarm["Properties"]["AlarmActions"]
+
+
+# ---- teardown ---------------------------------------------------------------------------------
+
+
+def test_dev_leaves_nothing_behind_and_prod_keeps_its_logs(dev, prod):
+    """dev: no Retain/Snapshot anywhere (the framework's log groups included) and short retention;
+    prod: every log group is kept on purpose."""
+    for concern, template in dev.templates.items():
+        for logical_id, resource in template["Resources"].items():
+            assert resource.get("DeletionPolicy", "Delete") == "Delete", f"dev {concern}/{logical_id}"
+            if resource["Type"] == "AWS::Logs::LogGroup":
+                assert resource["Properties"]["RetentionInDays"] <= dev.config.log_retention_cap_days
+    prod_log_groups = [
+        r
+        for t in prod.templates.values()
+        for r in t["Resources"].values()
+        if r["Type"] == "AWS::Logs::LogGroup"
+    ]
+    assert prod_log_groups and all(r["DeletionPolicy"] == "Retain" for r in prod_log_groups)
+
+
+def test_source_is_mysql_8_4_with_the_binlog_settings(synthesized):
+    template = synthesized.template("SourceDatabase")
+    template.has_resource_properties(
+        "AWS::RDS::DBInstance", {"Engine": "mysql", "EngineVersion": Match.string_like_regexp(r"^8\.4")}
+    )
+    template.has_resource_properties(
+        "AWS::RDS::DBParameterGroup",
+        {
+            "Family": "mysql8.4",
+            "Parameters": Match.object_like({"binlog_row_metadata": "FULL", "binlog_format": "ROW"}),
+        },
+    )
