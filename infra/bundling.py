@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import jsii
@@ -53,6 +55,49 @@ class CopyPurePythonPackages:
         for file in self._files:
             shutil.copy2(file, out / file.name)
         return True
+
+
+@jsii.implements(ILocalBundling)
+class InstallWheels:
+    """Copy a handler directory and pip-install its `requirements.txt` for the Lambda's platform
+    (manylinux wheels of CPython `python_version`, x86_64): native packages without Docker."""
+
+    def __init__(self, source_dir: Path, python_version: str) -> None:
+        self._source_dir = source_dir
+        self._python_version = python_version
+
+    def try_bundle(self, output_dir: str, *args, **kwargs) -> bool:  # noqa: ARG002 - jsii API
+        out = Path(output_dir)
+        ignore = shutil.ignore_patterns("__pycache__", "requirements.txt")
+        shutil.copytree(self._source_dir, out, dirs_exist_ok=True, ignore=ignore)
+        platforms = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+        command = [
+            sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile",
+            "--target", str(out), "--only-binary=:all:", "--implementation", "cp",
+            "--python-version", self._python_version, *(a for p in platforms for a in ("--platform", p)),
+            "-r", str(self._source_dir / "requirements.txt"),
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"installing {self._source_dir.name}'s requirements for the Lambda failed (PyPI "
+                f"reachable?):\n{result.stderr[-2000:]}"
+            )
+        shutil.rmtree(out / "bin", ignore_errors=True)
+        return True
+
+
+def python_function_code_with_wheels(handler_dir: str, python_version: str) -> lambda_.Code:
+    """Asset code of `infra/lambdas/<handler_dir>` plus its requirements.txt installed for Lambda."""
+    source = LAMBDAS_DIR / handler_dir
+    return lambda_.Code.from_asset(
+        str(source),
+        asset_hash_type=AssetHashType.SOURCE,
+        bundling=BundlingOptions(
+            image=DockerImage.from_registry("public.ecr.aws/sam/build-python3.13"),  # never used
+            local=InstallWheels(source, python_version),
+        ),
+    )
 
 
 def python_function_code(

@@ -78,6 +78,9 @@ class ComputeSettings:
     step_concurrency_level: int
     # None: the cluster runs until deleted (prod runs the streaming jobs around the clock).
     idle_timeout: Duration | None
+    # dev generates a self-signed certificate for in-transit encryption at deploy time; prod
+    # requires the operator's own and fails fast if it is missing.
+    generate_tls_certificates: bool
     job_python: str = EMR_JOB_PYTHON
 
 
@@ -224,6 +227,7 @@ _DEV = DeploymentConfig(
         max_capacity_units=4,
         ebs_volume_gib=64,
         step_concurrency_level=4,
+        generate_tls_certificates=True,
         idle_timeout=Duration.hours(2),
     ),
     monitoring=MonitoringSettings(
@@ -282,6 +286,7 @@ _PROD = replace(
         max_capacity_units=12,
         ebs_volume_gib=256,
         step_concurrency_level=10,
+        generate_tls_certificates=False,
         idle_timeout=None,
     ),
     monitoring=MonitoringSettings(

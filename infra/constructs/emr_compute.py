@@ -22,7 +22,7 @@ from aws_cdk import aws_s3_deployment as s3deploy
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
-from infra.bundling import python_function_code
+from infra.bundling import python_function_code, python_function_code_with_wheels
 from infra.config import EMR_TLS_CERTIFICATES_KEY, ComputeSettings
 from infra.constructs.network import EMR_MANAGED_POLICY_TAG
 from infra.emr_steps import BOOTSTRAP_PREFIX
@@ -221,9 +221,10 @@ class EmrCompute(Construct):
 
         # ---- security configuration: encryption at rest and in transit, IMDSv2 only.
         # In-transit TLS needs certificates: a PEM zip (privateKey.pem, certificateChain.pem,
-        # trustedCertificates.pem) the operator uploads to the artifacts bucket before the Compute
-        # stack is deployed (see README "Deploy and destroy"). It is never generated or committed here.
+        # trustedCertificates.pem) in the artifacts bucket before the cluster is created. dev
+        # generates one at deploy time; prod requires the operator's and fails fast without it.
         self.tls_certificates_uri = f"s3://{artifacts_bucket_name}/{EMR_TLS_CERTIFICATES_KEY}"
+        self.tls_certificates = self._tls_certificates(artifacts_bucket_name, settings)
         self.security_configuration = emr.CfnSecurityConfiguration(
             self,
             "SecurityConfiguration",
@@ -381,6 +382,7 @@ class EmrCompute(Construct):
         self.cluster.node.add_dependency(self.service_role)
         self.cluster.add_resource_dependency(self.security_configuration)
         self.cluster.node.add_dependency(self.bootstrap_upload)
+        self.security_configuration.node.add_dependency(self.tls_certificates)
         self.cluster_id = self.cluster.ref
         self.cluster_name = cluster_name
         for rule_id, what in (("AwsSolutions-EMR4", "local disk"), ("AwsSolutions-EMR5", "in-transit")):
@@ -399,6 +401,48 @@ class EmrCompute(Construct):
         )
 
         self._managed_security_group_cleanup()
+
+    def _tls_certificates(self, bucket_name: str, settings: ComputeSettings) -> CustomResource:
+        """The certificate zip exists before the cluster: generated (dev) or required (prod)."""
+        function = lambda_.Function(
+            self,
+            "TlsCertificatesFunction",
+            description="Generates (dev) or requires (prod) the EMR in-transit TLS certificate zip",
+            runtime=lambda_.Runtime.PYTHON_3_14,
+            handler="handler.on_event",
+            code=python_function_code_with_wheels("emr_tls_certificates", python_version="3.14"),
+            timeout=Duration.minutes(2),
+            memory_size=256,
+            log_group=logs.LogGroup(self, "TlsCertificatesLogs", retention=logs.RetentionDays.ONE_MONTH),
+        )
+        object_arn = aws_arn("s3", f"{bucket_name}/{EMR_TLS_CERTIFICATES_KEY}", region=False, account=False)
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject"], resources=[object_arn]
+            )
+        )
+        # HeadObject on a missing key answers 403 instead of 404 without ListBucket.
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["s3:ListBucket"],
+                resources=[aws_arn("s3", bucket_name, region=False, account=False)],
+                conditions={"StringEquals": {"s3:prefix": [EMR_TLS_CERTIFICATES_KEY]}},
+            )
+        )
+        provider = cr.Provider(self, "TlsCertificatesProvider", on_event_handler=function)
+        acknowledge_custom_resource_function(function, provider)
+        return CustomResource(
+            self,
+            "TlsCertificates",
+            service_token=provider.service_token,
+            resource_type="Custom::EmrTlsCertificates",
+            properties={
+                "Bucket": bucket_name,
+                "Key": EMR_TLS_CERTIFICATES_KEY,
+                "Region": Aws.REGION,
+                "Mode": "generate" if settings.generate_tls_certificates else "require",
+            },
+        )
 
     def _managed_security_group_cleanup(self) -> None:
         """Revoke EMR's cross-referencing rules on delete (aws/aws-cdk#10777)."""
