@@ -167,9 +167,13 @@ class DeploymentConfig:
             account = region = None
         azs = availability_zones
         if region and not azs:
-            # Note: explicit AZ names avoid the context lookup an account/region-bound VPC would make.
-            # Most regions name their first AZs a, b, c; override with -c azs=... where they do not.
-            azs = tuple(f"{region}{letter}" for letter in "abc"[: config.network.max_azs])
+            # AZ names map to different physical zones per account (and MSK cannot use some zone
+            # IDs), so names are never guessed: they come pinned from the preflight, or -c azs=.
+            raise ConfigError(
+                f"no availability zones chosen for account {account} in {region}: run "
+                f"`lakehouse aws preflight --env {env_name} --pin-azs` (picks them by zone ID and pins "
+                "them in cdk.context.json), or pass -c azs=<az1>,<az2>[,<az3>]"
+            )
         if azs and len(azs) < config.network.max_azs:
             raise ConfigError(
                 f"{env_name} needs {config.network.max_azs} availability zones, got {list(azs)}: "

@@ -12,25 +12,27 @@ from infra.config import DeploymentConfig
 from infra.nag import add_nag_checks
 from infra.stacks import LakehouseStacks
 from lakehouse import emr_package
+from lakehouse.aws.preflight import az_context_key
 
 DEFAULT_ENV = "dev"
 
 
 def config_from_context(app: App, environ: Mapping[str, str] = os.environ) -> DeploymentConfig:
-    """The only place context is read: `-c env=dev|prod` (default dev) and optional `-c azs=a,b`.
+    """The only place context is read: `-c env=dev|prod` (default dev), optional `-c azs=a,b`, and
+    the AZs `lakehouse aws preflight --pin-azs` pinned in cdk.context.json.
 
     Account and region come from the CLI's environment (CDK_DEFAULT_ACCOUNT/REGION) when both are
     present; otherwise the stacks stay environment-agnostic and synth needs no credentials.
     """
     env_name = app.node.try_get_context("env") or DEFAULT_ENV
+    account, region = environ.get("CDK_DEFAULT_ACCOUNT"), environ.get("CDK_DEFAULT_REGION")
     azs_context = app.node.try_get_context("azs")
     azs = tuple(a.strip() for a in str(azs_context).split(",") if a.strip()) if azs_context else None
-    return DeploymentConfig.for_env(
-        str(env_name),
-        account=environ.get("CDK_DEFAULT_ACCOUNT"),
-        region=environ.get("CDK_DEFAULT_REGION"),
-        availability_zones=azs,
-    )
+    if not azs and account and region:
+        # Pinned in cdk.context.json by `lakehouse aws preflight --pin-azs` (chosen by zone ID).
+        pinned = app.node.try_get_context(az_context_key(account, region))
+        azs = tuple(pinned) if pinned else None
+    return DeploymentConfig.for_env(str(env_name), account=account, region=region, availability_zones=azs)
 
 
 def build_lakehouse(app: App, config: DeploymentConfig, *, nag: bool = True) -> LakehouseStacks:

@@ -6,6 +6,7 @@ import importlib
 import json
 import sys
 import time
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -163,6 +164,64 @@ def run(ctx: click.Context, job: str | None, job_args: tuple[str, ...]) -> None:
         raise click.BadParameter(f"{job!r} is not one of {', '.join(sorted(JOBS))}", param_hint="JOB")
     module = importlib.import_module(JOBS[job])
     sys.exit(module.main(list(job_args)) or 0)
+
+
+# ---- AWS ---------------------------------------------------------------------------------------
+
+
+@main.group(name="aws")
+def aws_group() -> None:
+    """Check and operate an AWS environment (boto3; --profile/--region as for the AWS CLI)."""
+
+
+@aws_group.command()
+@click.option("--env", "env_name", type=click.Choice(["dev", "prod"]), default="dev", show_default=True)
+@click.option("--region", help="default: the profile's region")
+@click.option("--profile", help="AWS profile (default: the usual credential chain)")
+@click.option("--pin-azs", is_flag=True, help="write the AZs chosen by zone ID into cdk.context.json")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def preflight(env_name: str, region: str | None, profile: str | None, pin_azs: bool, as_json: bool) -> None:
+    """Check an account/region before the first `cdk deploy` and say what to fix."""
+    import os
+
+    # The deployment config is the CDK app's (jsii on Node): keep its Node banners quiet.
+    os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
+    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+    from infra.config import DeploymentConfig
+    from lakehouse.aws import preflight as checks
+
+    try:
+        session = boto3.Session(profile_name=profile, region_name=region)
+        if not session.region_name:
+            _fail("no AWS region: pass --region or set AWS_DEFAULT_REGION / the profile's region")
+        account = session.client("sts").get_caller_identity()["Account"]
+    except NoCredentialsError:
+        _fail("no AWS credentials: set AWS_PROFILE (or pass --profile) or run `aws configure`")
+    except (ClientError, BotoCoreError) as error:
+        _fail(f"cannot use these credentials: {error}")
+    config = DeploymentConfig.for_env(env_name)
+    bucket = f"{config.name_prefix}-artifacts-{account}-{session.region_name}"
+    results, azs = checks.run_checks(session, env_name, config, bucket)
+    if pin_azs and len(azs) == config.network.max_azs:
+        checks.pin_azs(Path("cdk.context.json"), account, session.region_name, azs)
+    if as_json:
+        out.print_json(json.dumps({"account": account, "region": session.region_name, "azs": azs,
+                                   "checks": [c.__dict__ for c in results]}))  # fmt: skip
+    else:
+        table = Table(title=f"preflight: {env_name} in {account} / {session.region_name}")
+        for column in ("check", "", "found", "to fix"):
+            table.add_column(column)
+        for check in results:
+            table.add_row(check.name, "[green]ok[/]" if check.ok else "[red]FIX[/]", check.found, check.fix)
+        out.print(table)
+        if pin_azs:
+            out.print(f"pinned {azs} in cdk.context.json" if len(azs) == config.network.max_azs else
+                      "AZs not pinned: not enough usable zones")  # fmt: skip
+    if not all(check.ok for check in results):
+        sys.exit(1)
 
 
 @main.command(context_settings=PASS_THROUGH)

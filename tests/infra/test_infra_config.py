@@ -23,13 +23,24 @@ def test_context_defaults_to_dev_and_stays_environment_agnostic():
     assert (config.account, config.region, config.availability_zones) == (None, None, None)
 
 
-def test_account_and_region_from_the_cli_pin_azs_without_a_lookup():
-    app = App(context={"env": "prod"})
-    config = config_from_context(
-        app, environ={"CDK_DEFAULT_ACCOUNT": "111122223333", "CDK_DEFAULT_REGION": "eu-west-1"}
-    )
+def test_account_bound_synth_uses_the_azs_the_preflight_pinned():
+    environ = {"CDK_DEFAULT_ACCOUNT": "111122223333", "CDK_DEFAULT_REGION": "eu-west-1"}
+    pinned = {
+        "lakehouse:availability-zones:account=111122223333:region=eu-west-1": [
+            "eu-west-1c",
+            "eu-west-1a",
+            "eu-west-1b",
+        ]
+    }
+    config = config_from_context(App(context={"env": "prod", **pinned}), environ=environ)
     assert (config.account, config.region) == ("111122223333", "eu-west-1")
-    assert config.availability_zones == ("eu-west-1a", "eu-west-1b", "eu-west-1c")
+    assert config.availability_zones == ("eu-west-1c", "eu-west-1a", "eu-west-1b")
+
+
+def test_account_bound_synth_never_guesses_az_names():
+    environ = {"CDK_DEFAULT_ACCOUNT": "111122223333", "CDK_DEFAULT_REGION": "us-east-1"}
+    with pytest.raises(ConfigError, match="lakehouse aws preflight --env dev --pin-azs"):
+        config_from_context(App(context={"env": "dev"}), environ=environ)
 
 
 def test_azs_context_overrides_and_is_checked():
@@ -70,7 +81,14 @@ def test_account_bound_synth_needs_no_lookup(tmp_path):
     from infra.lakehouse_app import build_lakehouse
 
     context = json.loads((Path(__file__).resolve().parents[2] / "cdk.json").read_text())["context"]
-    app = App(context={**context, "env": "prod"}, outdir=str(tmp_path))
+    pinned = {
+        "lakehouse:availability-zones:account=111122223333:region=us-east-1": [
+            "us-east-1b",
+            "us-east-1c",
+            "us-east-1d",
+        ]
+    }
+    app = App(context={**context, **pinned, "env": "prod"}, outdir=str(tmp_path))
     environ = {"CDK_DEFAULT_ACCOUNT": "111122223333", "CDK_DEFAULT_REGION": "us-east-1"}
     build_lakehouse(app, config_from_context(app, environ))
     assembly = app.synth()  # cdk-nag runs here too; findings would raise
@@ -82,4 +100,4 @@ def test_account_bound_synth_needs_no_lookup(tmp_path):
         for r in network["Resources"].values()
         if r["Type"] == "AWS::EC2::Subnet"
     }
-    assert azs == {"us-east-1a", "us-east-1b", "us-east-1c"}
+    assert azs == {"us-east-1b", "us-east-1c", "us-east-1d"}

@@ -1,0 +1,1 @@
+"""Commands that talk to the deployed (or about-to-be-deployed) AWS environment."""

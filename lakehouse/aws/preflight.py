@@ -1,0 +1,159 @@
+"""`lakehouse aws preflight --env dev`: checks an account/region before the first `cdk deploy`.
+
+Each check says what it found and, when it fails, what to do. `--pin-azs` also picks the VPC's
+availability zones by zone ID (AZ *names* map to different physical zones in every account, and
+MSK cannot place brokers in some zone IDs) and pins them in `cdk.context.json`, where the CDK app
+reads them (`infra/lakehouse_app.py`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+# Zone IDs where MSK cannot place brokers (AWS MSK docs: "use1-az3" in us-east-1).
+MSK_UNSUPPORTED_ZONE_IDS = frozenset({"use1-az3"})
+# The interface endpoints the network stack creates (they must exist in every chosen AZ).
+ENDPOINT_SERVICES = ("elasticmapreduce", "secretsmanager", "glue")
+# EC2 quota code (Service Quotas, service "ec2"): vCPUs of running On-Demand standard
+# instances (families A, C, D, H, I, M, R, T, Z).
+ON_DEMAND_STANDARD_VCPUS = "L-1216C47A"
+CDK_BOOTSTRAP_STACK = "CDKToolkit"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    found: str
+    fix: str = ""
+
+
+def az_context_key(account: str, region: str) -> str:
+    return f"lakehouse:availability-zones:account={account}:region={region}"
+
+
+def choose_azs(
+    zones: Iterable[dict], endpoint_azs: Iterable[set[str]], count: int
+) -> tuple[list[str], list[str]]:
+    """(chosen AZ names, why others were skipped): available zones, in zone-ID order, that MSK
+    supports and every interface endpoint service is offered in."""
+    offered = set.intersection(*map(set, endpoint_azs)) if endpoint_azs else None
+    chosen, skipped = [], []
+    for zone in sorted(zones, key=lambda z: z["ZoneId"]):
+        name, zone_id = zone["ZoneName"], zone["ZoneId"]
+        if zone.get("State", "available") != "available" or zone.get("ZoneType", "availability-zone") != (
+            "availability-zone"
+        ):
+            continue
+        if zone_id in MSK_UNSUPPORTED_ZONE_IDS:
+            skipped.append(f"{name} ({zone_id}): MSK cannot place brokers there")
+        elif offered is not None and name not in offered:
+            skipped.append(f"{name} ({zone_id}): an interface endpoint service is not offered there")
+        elif len(chosen) < count:
+            chosen.append(name)
+    return chosen, skipped
+
+
+def vcpus_needed(instance_types: Iterable[str], units: int, vcpus_of: dict[str, int]) -> int:
+    """Worst case: every capacity unit on the largest of the fleet's instance types."""
+    return units * max(vcpus_of[t] for t in instance_types)
+
+
+def run_checks(session, env_name: str, config, artifacts_bucket: str | None) -> tuple[list[Check], list[str]]:
+    """All checks for `config` (an infra DeploymentConfig) in `session`'s account/region; also the
+    AZ names chosen by zone ID."""
+    checks: list[Check] = []
+    region = session.region_name
+    cfn, ec2, emr = session.client("cloudformation"), session.client("ec2"), session.client("emr")
+
+    def guarded(name: str, action) -> None:
+        try:
+            checks.append(action())
+        except (ClientError, BotoCoreError) as error:
+            checks.append(
+                Check(name, False, f"could not check: {error}", "check the credentials' permissions")
+            )
+
+    def bootstrap() -> Check:
+        try:
+            (stack,) = cfn.describe_stacks(StackName=CDK_BOOTSTRAP_STACK)["Stacks"]
+        except ClientError:
+            return Check("CDK bootstrap", False, "no CDKToolkit stack", "node_modules/.bin/cdk bootstrap")
+        healthy = stack["StackStatus"].endswith("_COMPLETE") and "ROLLBACK" not in stack["StackStatus"]
+        return Check(
+            "CDK bootstrap", healthy, stack["StackStatus"], "" if healthy else "re-run cdk bootstrap"
+        )
+
+    guarded("CDK bootstrap", bootstrap)
+
+    chosen: list[str] = []
+
+    def availability_zones() -> Check:
+        zones = ec2.describe_availability_zones()["AvailabilityZones"]
+        services = [f"com.amazonaws.{region}.{s}" for s in ENDPOINT_SERVICES]
+        details = ec2.describe_vpc_endpoint_services(ServiceNames=services)["ServiceDetails"]
+        endpoint_azs = [set(d.get("AvailabilityZones", [])) for d in details]
+        names, skipped = choose_azs(zones, endpoint_azs, config.network.max_azs)
+        chosen.extend(names)
+        ok = len(names) == config.network.max_azs
+        found = f"{', '.join(names) or 'none'}" + (f"; skipped {'; '.join(skipped)}" if skipped else "")
+        return Check("availability zones", ok, found, "" if ok else "use another region")
+
+    guarded("availability zones", availability_zones)
+
+    def emr_release() -> Check:
+        release = config.compute.release_label
+        labels = emr.list_release_labels(Filters={"Prefix": release.rsplit(".", 1)[0]})["ReleaseLabels"]
+        ok = release in labels
+        return Check("EMR release", ok, release if ok else f"{release} not offered", "pick another region")
+
+    guarded("EMR release", emr_release)
+
+    def vcpu_quota() -> Check:
+        compute = config.compute
+        types = set(compute.primary_instance_types) | set(compute.worker_instance_types)
+        offered = ec2.describe_instance_types(InstanceTypes=sorted(types))["InstanceTypes"]
+        vcpus_of = {t["InstanceType"]: t["VCpuInfo"]["DefaultVCpus"] for t in offered}
+        on_demand_units = 1 + compute.core_units + compute.task_on_demand_units
+        needed = vcpus_needed(compute.primary_instance_types, 1, vcpus_of) + vcpus_needed(
+            compute.worker_instance_types, on_demand_units - 1, vcpus_of
+        )
+        quotas = session.client("service-quotas")
+        limit = quotas.get_service_quota(ServiceCode="ec2", QuotaCode=ON_DEMAND_STANDARD_VCPUS)["Quota"][
+            "Value"
+        ]
+        ok = limit >= needed
+        return Check(
+            "EC2 On-Demand vCPUs",
+            ok,
+            f"quota {limit:.0f}, EMR fleets need up to {needed}",
+            "" if ok else f"request {ON_DEMAND_STANDARD_VCPUS} >= {needed} in Service Quotas",
+        )
+
+    guarded("EC2 On-Demand vCPUs", vcpu_quota)
+
+    if env_name == "prod":
+        from infra.config import EMR_TLS_CERTIFICATES_KEY
+
+        def certificate() -> Check:
+            uri = f"s3://{artifacts_bucket}/{EMR_TLS_CERTIFICATES_KEY}"
+            try:
+                session.client("s3").head_object(Bucket=artifacts_bucket, Key=EMR_TLS_CERTIFICATES_KEY)
+            except ClientError:
+                return Check("prod TLS certificate", False, f"missing: {uri}", "README: 'Deploy (prod)'")
+            return Check("prod TLS certificate", True, uri)
+
+        guarded("prod TLS certificate", certificate)
+    return checks, chosen
+
+
+def pin_azs(context_file: Path, account: str, region: str, names: list[str]) -> None:
+    """Write the chosen AZ names into cdk.context.json (kept in git, so every synth agrees)."""
+    context = json.loads(context_file.read_text()) if context_file.exists() else {}
+    context[az_context_key(account, region)] = names
+    context_file.write_text(json.dumps(context, indent=2, sort_keys=True) + "\n")

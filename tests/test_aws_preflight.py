@@ -1,0 +1,114 @@
+"""`lakehouse aws preflight`: the checks against moto (Service Quotas stubbed: moto has no EC2 quotas)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+from moto import mock_aws
+from support import run_cli
+
+from infra.config import EMR_TLS_CERTIFICATES_KEY, DeploymentConfig
+from lakehouse.aws import preflight
+
+REGION = "us-east-1"
+
+
+class QuotaStubbedSession:
+    """A boto3 session (moto) whose Service Quotas client answers `vcpus` for the EC2 quota."""
+
+    def __init__(self, vcpus: float) -> None:
+        self._session = boto3.Session(region_name=REGION)
+        self.region_name = REGION
+        self._vcpus = vcpus
+
+    def client(self, name: str):
+        client = self._session.client(name)
+        if name == "service-quotas":
+            stub = Stubber(client)
+            stub.add_response(
+                "get_service_quota",
+                {"Quota": {"QuotaCode": preflight.ON_DEMAND_STANDARD_VCPUS, "Value": self._vcpus}},
+                {"ServiceCode": "ec2", "QuotaCode": preflight.ON_DEMAND_STANDARD_VCPUS},
+            )
+            stub.activate()
+        return client
+
+
+@pytest.fixture
+def aws():
+    with mock_aws():
+        yield
+
+
+def bootstrap_account() -> None:
+    template = {"Resources": {"StagingBucket": {"Type": "AWS::S3::Bucket"}}}
+    boto3.client("cloudformation", region_name=REGION).create_stack(
+        StackName="CDKToolkit", TemplateBody=json.dumps(template)
+    )
+
+
+def by_name(checks) -> dict[str, preflight.Check]:
+    return {c.name: c for c in checks}
+
+
+def test_azs_are_chosen_by_zone_id_skipping_what_msk_or_an_endpoint_cannot_use():
+    zones = [
+        {"ZoneName": "us-east-1a", "ZoneId": "use1-az6"},
+        {"ZoneName": "us-east-1b", "ZoneId": "use1-az1"},
+        {"ZoneName": "us-east-1e", "ZoneId": "use1-az3"},
+        {"ZoneName": "us-east-1c", "ZoneId": "use1-az2"},
+        {"ZoneName": "us-east-1d", "ZoneId": "use1-az4"},
+    ]
+    offered = [
+        {"us-east-1a", "us-east-1c", "us-east-1d", "us-east-1e"},
+        {"us-east-1a", "us-east-1c", "us-east-1d"},
+    ]
+    chosen, skipped = preflight.choose_azs(zones, offered, 3)
+    assert chosen == ["us-east-1c", "us-east-1d", "us-east-1a"]  # zone-ID order: az2, az4, az6
+    assert any("use1-az3" in s and "MSK" in s for s in skipped)
+    assert any("use1-az1" in s and "endpoint" in s for s in skipped)
+
+
+def test_a_ready_account_passes_and_the_azs_are_pinned(aws, tmp_path):
+    bootstrap_account()
+    config = DeploymentConfig.for_env("dev")
+    checks, azs = preflight.run_checks(QuotaStubbedSession(64), "dev", config, "bucket")
+    assert all(c.ok for c in checks), checks
+    assert len(azs) == config.network.max_azs and "us-east-1e" not in azs  # use1-az3 in moto
+    context = tmp_path / "cdk.context.json"
+    context.write_text(json.dumps({"other": 1}))
+    preflight.pin_azs(context, "123456789012", REGION, azs)
+    assert json.loads(context.read_text()) == {
+        "other": 1,
+        preflight.az_context_key("123456789012", REGION): azs,
+    }
+
+
+def test_what_is_missing_is_reported_with_the_fix(aws):
+    config = DeploymentConfig.for_env("prod")
+    checks = by_name(preflight.run_checks(QuotaStubbedSession(16), "prod", config, "bucket")[0])
+    assert not checks["CDK bootstrap"].ok and "cdk bootstrap" in checks["CDK bootstrap"].fix
+    vcpus = checks["EC2 On-Demand vCPUs"]
+    assert not vcpus.ok and vcpus.fix.startswith(f"request {preflight.ON_DEMAND_STANDARD_VCPUS} >= ")
+    certificate = checks["prod TLS certificate"]
+    assert not certificate.ok and EMR_TLS_CERTIFICATES_KEY in certificate.found
+    assert checks["EMR release"].ok and checks["availability zones"].ok
+
+
+def test_no_credentials_is_one_clear_error():
+    env = {
+        **os.environ,
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_EC2_METADATA_DISABLED": "true",  # never ask an instance metadata service
+        "AWS_CONFIG_FILE": "/dev/null",
+        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+    }
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        env.pop(key, None)
+    result = run_cli("aws", "preflight", "--env", "dev", check=False, env=env, timeout=120)
+    assert result.returncode == 1
+    assert "no AWS credentials" in result.stderr and "Traceback" not in result.stderr
