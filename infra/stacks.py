@@ -221,6 +221,7 @@ class JobsStack(_LakehouseStack):
         )
         CfnOutput(self, "JobsVersion", value=package_dir.name)
         CfnOutput(self, "StepSupervisorName", value=self.jobs.supervisor.function_name)
+        CfnOutput(self, "StepSupervisorLogGroup", value=self.jobs.supervisor.log_group.log_group_name)
         for job, machine in {
             **self.jobs.batch_state_machines,
             "gendata": self.jobs.gendata_state_machine,

@@ -140,6 +140,7 @@ def test_the_supervisor_runs_every_streaming_job_of_this_version(synthesized):
         {"EventPattern": Match.object_like({"detail-type": ["EMR Step Status Change"]})},
     )
     template.resource_count_is("Custom::Trigger", 1)  # reconcile once per deploy
+    assert {"StepSupervisorName", "StepSupervisorLogGroup"} <= set(synthesized.templates["Jobs"]["Outputs"])
 
 
 def test_a_step_stops_the_jobs_running_yarn_application_before_it_starts(tmp_path):
