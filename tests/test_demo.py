@@ -44,13 +44,15 @@ def test_short_demo_runs_the_scenario_end_to_end(demo_env, tmp_path):
         assert (
             row["productId"] == json.loads(sent[(row["kafka_partition"], row["kafka_offset"])])["productId"]
         )
-    views_per_product = collections.Counter()
+    # The views count exactly the clicks, per product and price.
+    counted = collections.Counter()
     for r in views:
-        views_per_product[r["productId"]] += r["views"]
-    assert views_per_product == collections.Counter(r["productId"] for r in clicks)
+        counted[(r["productId"], r["product_price"])] += r["views"]
+    assert +counted == collections.Counter((r["productId"], r["product_price"]) for r in clicks)
     assert len(clicks) > 0
-    # New clicks of product 1 carry the new price, in the aggregate; the dimension has it once.
-    assert any(r["productId"] == "1" and float(r["product_price"]) == 8.1 for r in views)
+    # The price change reached the dimension, once. (Whether new clicks already carry it depends on
+    # how fast CDC applied it within the 30 s stream: a timing, measured by the demo and the bench,
+    # not asserted here; test_product_views checks the price change deterministically.)
     products = catalog.load_table("dim_db.products").scan().to_arrow().to_pylist()
     assert [float(p["product_price"]) for p in products if p["productId"] == "1"] == [8.1]
     report = catalog.load_table("ads_behavior.member_daily_report").scan().to_arrow()
