@@ -85,7 +85,9 @@ def test_artifacts_and_bootstrap_scripts_are_uploaded(synthesized):
 
 
 def test_bootstrap_actions_point_at_the_uploaded_scripts(synthesized):
-    actions = {a["Name"]: a["ScriptBootstrapAction"] for a in _cluster(synthesized)["BootstrapActions"]}
+    listed = _cluster(synthesized)["BootstrapActions"]
+    assert len(listed) == 2  # each script once
+    actions = {a["Name"]: a["ScriptBootstrapAction"] for a in listed}
     assert set(actions) == {"node-setup", "configure-catalogs"}
     for action in actions.values():
         script = Path(json.dumps(action["Path"]).split("/bootstrap/")[1].split('"')[0])

@@ -375,15 +375,17 @@ def test_handler_starts_every_desired_step_once(aws):
     started = [a for a in first["actions"] if a["action"] == "start"]
     assert sorted(a["name"] for a in started) == ["lakehouse-cdc-apply@v2", "lakehouse-ingest@v2"]
 
-    steps = {s["Name"]: s for s in emr.list_steps(ClusterId=cluster_id)["Steps"]}
+    listed = emr.list_steps(ClusterId=cluster_id)["Steps"]
+    assert len(listed) == 3  # the hand-added step, and one step per job: none added twice
+    steps = {s["Name"]: s for s in listed}
     for job in ("ingest", "cdc-apply"):
         added = steps[f"lakehouse-{job}@v2"]
         assert added["ActionOnFailure"] == "CONTINUE"
         assert added["Config"]["Jar"] == "command-runner.jar"
         assert added["Config"]["Args"] == list(spec(job).args)
-    assert {a["step_id"] for a in started} == {
+    assert sorted(a["step_id"] for a in started) == sorted(
         steps[n]["Id"] for n in ("lakehouse-ingest@v2", "lakehouse-cdc-apply@v2")
-    }
+    )
 
     # The status-change event of those steps, then the schedule: nothing more to do.
     second = sup.handler({"detail-type": "EMR Step Status Change", "detail": {"state": "RUNNING"}}, None)
