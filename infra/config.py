@@ -122,6 +122,10 @@ class DeploymentConfig:
     # The longest any log group keeps its events, the framework's too (CDK's providers default to
     # two years); with `removal_policy`, dev teardown leaves no log group behind.
     log_retention_cap_days: int
+    # dev only (`-c parked=true`, driven by `lakehouse aws park`): no EMR cluster, no NAT gateway, no
+    # interface endpoints, no job schedules; the lake, the catalog, MSK and RDS stay (RDS is stopped
+    # by the CLI: CloudFormation cannot stop an instance).
+    parked: bool = False
 
     @property
     def removal_policy(self) -> RemovalPolicy:
@@ -154,6 +158,7 @@ class DeploymentConfig:
         account: str | None = None,
         region: str | None = None,
         availability_zones: tuple[str, ...] | None = None,
+        parked: bool = False,
     ) -> DeploymentConfig:
         """The configuration of `env_name`; account/region only when the CLI knows them."""
         if env_name not in _ENVIRONMENTS:
@@ -162,6 +167,11 @@ class DeploymentConfig:
                 f"(one of {', '.join(DEPLOYABLE_ENVIRONMENTS)})"
             )
         config = _ENVIRONMENTS[env_name]
+        if parked and config.retain_data:
+            raise ConfigError(
+                f"{env_name} cannot be parked: parking removes the cluster and the NAT gateway that "
+                "keep its pipeline running; only dev is parked (`lakehouse aws park --env dev`)"
+            )
         if bool(account) != bool(region):
             # Half an environment would make CDK do lookups for the other half: stay agnostic.
             account = region = None
@@ -184,6 +194,7 @@ class DeploymentConfig:
             account=account or None,
             region=region or None,
             availability_zones=tuple(azs[: config.network.max_azs]) if azs and region else None,
+            parked=parked,
         )
 
 

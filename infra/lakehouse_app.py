@@ -11,6 +11,7 @@ from aws_cdk import App
 from infra.config import DeploymentConfig
 from infra.nag import add_nag_checks
 from infra.stacks import LakehouseStacks
+from jobs.config import ConfigError
 from lakehouse import emr_package
 from lakehouse.aws.preflight import az_context_key
 
@@ -18,8 +19,9 @@ DEFAULT_ENV = "dev"
 
 
 def config_from_context(app: App, environ: Mapping[str, str] = os.environ) -> DeploymentConfig:
-    """The only place context is read: `-c env=dev|prod` (default dev), optional `-c azs=a,b`, and
-    the AZs `lakehouse aws preflight --pin-azs` pinned in cdk.context.json.
+    """The only place context is read: `-c env=dev|prod` (default dev), optional `-c azs=a,b`, the
+    AZs `lakehouse aws preflight --pin-azs` pinned in cdk.context.json, and `-c parked=true` (dev;
+    set by `lakehouse aws park`).
 
     Account and region come from the CLI's environment (CDK_DEFAULT_ACCOUNT/REGION) when both are
     present; otherwise the stacks stay environment-agnostic and synth needs no credentials.
@@ -32,7 +34,12 @@ def config_from_context(app: App, environ: Mapping[str, str] = os.environ) -> De
         # Pinned in cdk.context.json by `lakehouse aws preflight --pin-azs` (chosen by zone ID).
         pinned = app.node.try_get_context(az_context_key(account, region))
         azs = tuple(pinned) if pinned else None
-    return DeploymentConfig.for_env(str(env_name), account=account, region=region, availability_zones=azs)
+    parked = str(app.node.try_get_context("parked") or "false").lower()
+    if parked not in ("true", "false"):
+        raise ConfigError(f"-c parked={parked}: expected true or false")
+    return DeploymentConfig.for_env(
+        str(env_name), account=account, region=region, availability_zones=azs, parked=parked == "true"
+    )
 
 
 def build_lakehouse(app: App, config: DeploymentConfig, *, nag: bool = True) -> LakehouseStacks:

@@ -55,6 +55,7 @@ class NetworkStack(_LakehouseStack):
             settings=config.network,
             availability_zones=config.availability_zones,
             removal_policy=config.removal_policy,
+            parked=config.parked,
         )
 
 
@@ -127,6 +128,7 @@ class ComputeStack(_LakehouseStack):
             artifacts_bucket_name=lake.artifacts_bucket_name,
             bootstrap_dir=BOOTSTRAP_DIR,
             catalog_region=Aws.REGION,
+            run_cluster=not config.parked,
         )
         role = self.compute.instance_role
 
@@ -166,7 +168,8 @@ class ComputeStack(_LakehouseStack):
             description="Arguments of jobs.config.LakehouseConfig.aws for jobs on EMR",
         )
         self.job_settings_parameter.grant_read(role)
-        CfnOutput(self, "EmrClusterId", value=self.compute.cluster_id)
+        if self.compute.cluster_id:
+            CfnOutput(self, "EmrClusterId", value=self.compute.cluster_id)
         CfnOutput(self, "JobSettingsParameterName", value=self.job_settings_parameter.parameter_name)
 
 
@@ -189,6 +192,7 @@ class MonitoringStack(_LakehouseStack):
             database=source_database.instance,
             msk_cluster_name=streaming.cluster_name,
             msk_broker_count=streaming.broker_count,
+            database_stopped=config.parked,
         )
         CfnOutput(self, "AlertsTopicArn", value=self.monitoring.topic.topic_arn)
 
@@ -220,6 +224,8 @@ class JobsStack(_LakehouseStack):
             removal_policy=config.removal_policy,
         )
         CfnOutput(self, "JobsVersion", value=package_dir.name)
+        if self.jobs.supervisor is None:
+            return  # parked
         CfnOutput(self, "StepSupervisorName", value=self.jobs.supervisor.function_name)
         CfnOutput(self, "StepSupervisorLogGroup", value=self.jobs.supervisor.log_group.log_group_name)
         for job, machine in {

@@ -174,34 +174,52 @@ def aws_group() -> None:
     """Check and operate an AWS environment (boto3; --profile/--region as for the AWS CLI)."""
 
 
-@aws_group.command()
-@click.option("--env", "env_name", type=click.Choice(["dev", "prod"]), default="dev", show_default=True)
-@click.option("--region", help="default: the profile's region")
-@click.option("--profile", help="AWS profile (default: the usual credential chain)")
-@click.option("--pin-azs", is_flag=True, help="write the AZs chosen by zone ID into cdk.context.json")
-@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def preflight(env_name: str, region: str | None, profile: str | None, pin_azs: bool, as_json: bool) -> None:
-    """Check an account/region before the first `cdk deploy` and say what to fix."""
+def _quiet_jsii() -> None:
+    """The deployment config is the CDK app's (jsii on Node): keep its Node banners quiet."""
     import os
 
-    # The deployment config is the CDK app's (jsii on Node): keep its Node banners quiet.
     os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
     os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
-    import boto3
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-    from infra.config import DeploymentConfig
-    from lakehouse.aws import preflight as checks
+
+def _aws_session(region: str | None, profile: str | None):
+    """(boto3 session, account id), or one clear error line."""
+    _quiet_jsii()
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, ProfileNotFound
 
     try:
         session = boto3.Session(profile_name=profile, region_name=region)
         if not session.region_name:
             _fail("no AWS region: pass --region or set AWS_DEFAULT_REGION / the profile's region")
-        account = session.client("sts").get_caller_identity()["Account"]
+        return session, session.client("sts").get_caller_identity()["Account"]
     except NoCredentialsError:
         _fail("no AWS credentials: set AWS_PROFILE (or pass --profile) or run `aws configure`")
+    except ProfileNotFound as error:
+        _fail(f"{error}: pass an existing --profile (see `aws configure list-profiles`)")
     except (ClientError, BotoCoreError) as error:
         _fail(f"cannot use these credentials: {error}")
+
+
+aws_env_option = click.option(
+    "--env", "env_name", type=click.Choice(["dev", "prod"]), default="dev", show_default=True
+)
+aws_region_option = click.option("--region", help="default: the profile's region")
+aws_profile_option = click.option("--profile", help="AWS profile (default: the usual credential chain)")
+
+
+@aws_group.command()
+@aws_env_option
+@aws_region_option
+@aws_profile_option
+@click.option("--pin-azs", is_flag=True, help="write the AZs chosen by zone ID into cdk.context.json")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def preflight(env_name: str, region: str | None, profile: str | None, pin_azs: bool, as_json: bool) -> None:
+    """Check an account/region before the first `cdk deploy` and say what to fix."""
+    from infra.config import DeploymentConfig
+    from lakehouse.aws import preflight as checks
+
+    session, account = _aws_session(region, profile)
     config = DeploymentConfig.for_env(env_name)
     bucket = f"{config.name_prefix}-artifacts-{account}-{session.region_name}"
     results, azs = checks.run_checks(session, env_name, config, bucket)
@@ -222,6 +240,54 @@ def preflight(env_name: str, region: str | None, profile: str | None, pin_azs: b
                       "AZs not pinned: not enough usable zones")  # fmt: skip
     if not all(check.ok for check in results):
         sys.exit(1)
+
+
+def _park_command(parking: bool):
+    def command(env_name: str, region: str | None, profile: str | None) -> None:
+        import os
+        import subprocess
+
+        _quiet_jsii()
+        from infra.config import DeploymentConfig
+        from lakehouse.aws import park
+
+        try:  # prod is refused before anything is asked of AWS
+            config = DeploymentConfig.for_env(env_name, parked=parking)
+        except ConfigError as error:
+            _fail(str(error))
+        session, account = _aws_session(region, profile)
+
+        repo = Path(park.__file__).resolve().parents[2]
+        cdk = repo / "node_modules" / ".bin" / "cdk"
+        if not cdk.exists():
+            _fail(f"the CDK CLI is not installed in {repo}: run `make setup` there")
+
+        def run_cdk(args) -> None:
+            command = [str(cdk), *args, *(["--profile", profile] if profile else [])]
+            console.print(f"  $ {' '.join(command[1:])}")
+            env = {**os.environ, "AWS_REGION": session.region_name, "AWS_DEFAULT_REGION": session.region_name}
+            done = subprocess.run(command, cwd=repo, env=env, check=False)
+            if done.returncode:
+                raise park.ParkError(f"cdk {args[0]} failed (exit {done.returncode}): see its output above")
+
+        verb = "parking" if parking else "unparking"
+        console.print(f"{verb} {env_name} in {account} / {session.region_name}")
+        try:
+            action = park.park if parking else park.unpark
+            action(session, config, run_cdk, lambda m: console.print(f"  {m}"))
+        except (park.ParkError, ConfigError) as error:
+            _fail(str(error))
+
+    return command
+
+
+for _name, _parking, _help in (
+    ("park", True, "Park dev: no cluster, NAT or endpoints, RDS stopped; the lake, catalog and MSK stay."),
+    ("unpark", False, "Start RDS and deploy the app again: a new cluster resumes every job."),
+):
+    aws_group.command(name=_name, help=_help)(
+        aws_env_option(aws_region_option(aws_profile_option(_park_command(_parking))))
+    )
 
 
 @main.command(context_settings=PASS_THROUGH)

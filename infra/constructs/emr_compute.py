@@ -118,6 +118,7 @@ class EmrCompute(Construct):
         artifacts_bucket_name: str,
         bootstrap_dir: Path,
         catalog_region: str,
+        run_cluster: bool = True,
     ) -> None:
         super().__init__(scope, construct_id)
         self.artifacts_bucket_name = artifacts_bucket_name
@@ -285,8 +286,19 @@ class EmrCompute(Construct):
             )
         ]
 
-        # ---- the cluster
-        subnet_ids = vpc.select_subnets(subnet_type=subnets.subnet_type).subnet_ids
+        self.security_configuration.node.add_dependency(self.tls_certificates)
+        self._managed_security_group_cleanup()
+        self.cluster_name = cluster_name
+        # Parked (dev): everything the cluster needs stays, the cluster goes.
+        self.cluster: emr.CfnCluster | None = None
+        self.cluster_id: str | None = None
+        if run_cluster:
+            self._cluster(vpc, subnets, cluster_name, settings, warehouse_uri, log_uri, bootstrap_actions)
+
+    def _cluster(
+        self, vpc, subnets, cluster_name, settings, warehouse_uri, log_uri, bootstrap_actions
+    ) -> None:
+        subnet_ids = vpc.select_subnets(subnet_group_name=subnets.subnet_group_name).subnet_ids
 
         def fleet(name: str, types: tuple[str, ...], on_demand: int, spot: int):
             return emr.CfnCluster.InstanceFleetConfigProperty(
@@ -382,9 +394,8 @@ class EmrCompute(Construct):
         self.cluster.node.add_dependency(self.service_role)
         self.cluster.add_resource_dependency(self.security_configuration)
         self.cluster.node.add_dependency(self.bootstrap_upload)
-        self.security_configuration.node.add_dependency(self.tls_certificates)
+        self.cluster.node.add_dependency(self._security_group_cleanup)
         self.cluster_id = self.cluster.ref
-        self.cluster_name = cluster_name
         for rule_id, what in (("AwsSolutions-EMR4", "local disk"), ("AwsSolutions-EMR5", "in-transit")):
             acknowledge(
                 self.cluster,
@@ -399,8 +410,6 @@ class EmrCompute(Construct):
             "No SSH key pair and no Kerberos: nobody logs in to the nodes (private subnets, no "
             "bastion); work arrives as EMR steps and is debugged from the EMR logs in S3.",
         )
-
-        self._managed_security_group_cleanup()
 
     def _tls_certificates(self, bucket_name: str, settings: ComputeSettings) -> CustomResource:
         """The certificate zip exists before the cluster: generated (dev) or required (prod)."""
@@ -495,7 +504,7 @@ class EmrCompute(Construct):
         # Created after the groups, deleted before them; the cluster is deleted before it.
         for group in self.managed_security_groups:
             cleanup.node.add_dependency(group)
-        self.cluster.node.add_dependency(cleanup)
+        self._security_group_cleanup = cleanup
         acknowledge_custom_resource_function(function, provider)
         acknowledge(
             function,

@@ -64,7 +64,7 @@ class JobDeployment(Construct):
         package_dir: Path,
         artifacts: JobArtifacts,
         artifacts_bucket: s3.IBucket,
-        cluster_id: str,
+        cluster_id: str | None,
         job_settings: Mapping[str, object],
         job_python: str,
         alert_topic: sns.ITopic,
@@ -115,6 +115,11 @@ class JobDeployment(Construct):
         acknowledge_bucket_deployment(
             self.upload, destination_bucket_name=nag_rendering(artifacts.bucket_name)
         )
+        self.supervisor: lambda_.Function | None = None
+        self.batch_state_machines: dict[str, sfn.StateMachine] = {}
+        self.gendata_state_machine: sfn.StateMachine | None = None
+        if cluster_id is None:
+            return  # parked (dev): the artifacts stay current; nothing runs.
         log_retention = settings.log_retention
         self.supervisor = self._supervisor(cluster_id, alert_topic, settings, removal_policy)
 

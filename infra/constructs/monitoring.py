@@ -28,10 +28,11 @@ class Monitoring(Construct):
         construct_id: str,
         *,
         settings: MonitoringSettings,
-        emr_cluster_id: str,
+        emr_cluster_id: str | None,
         database: rds.IDatabaseInstance,
         msk_cluster_name: str,
         msk_broker_count: int,
+        database_stopped: bool = False,
     ) -> None:
         super().__init__(scope, construct_id)
 
@@ -52,8 +53,8 @@ class Monitoring(Construct):
         if settings.alarm_email:
             self.topic.add_subscription(subscriptions.EmailSubscription(settings.alarm_email))
 
-        # A failed step (a job died) or a cluster that terminated with errors.
-        self.emr_failure_rule = events.Rule(
+        # A failed step (a job died) or a cluster that terminated with errors (none when parked).
+        self.emr_failure_rule = emr_cluster_id and events.Rule(
             self,
             "EmrFailureRule",
             description="EMR step FAILED or cluster TERMINATED_WITH_ERRORS",
@@ -75,7 +76,10 @@ class Monitoring(Construct):
             threshold=settings.rds_free_storage_alarm_bytes,
             comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
             evaluation_periods=1,
-            treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
+            # A stopped (parked) instance publishes nothing; a running one always does.
+            treat_missing_data=cloudwatch.TreatMissingData.IGNORE
+            if database_stopped
+            else cloudwatch.TreatMissingData.BREACHING,
         )
         self.rds_free_storage_alarm.add_alarm_action(alarm_action)
 

@@ -12,6 +12,7 @@ from infra.nag import acknowledge
 
 # EMR's managed policies (AmazonEMRServicePolicy_v2) only act on resources carrying this tag.
 EMR_MANAGED_POLICY_TAG = ("for-use-with-amazon-emr-managed-policies", "true")
+PRIVATE_SUBNET_GROUP = "private"
 
 
 class Network(Construct):
@@ -25,6 +26,7 @@ class Network(Construct):
         settings: NetworkSettings,
         availability_zones: tuple[str, ...] | None,
         removal_policy: RemovalPolicy,
+        parked: bool = False,
     ) -> None:
         super().__init__(scope, construct_id)
 
@@ -44,11 +46,17 @@ class Network(Construct):
             "Vpc",
             ip_addresses=ec2.IpAddresses.cidr(settings.vpc_cidr),
             availability_zones=azs,
-            nat_gateways=settings.nat_gateways,
+            # Note: parked, the private subnets keep their names (so their logical IDs, CIDRs and
+            # everything placed in them) and lose only the NAT route.
+            nat_gateways=0 if parked else settings.nat_gateways,
             subnet_configuration=[
                 ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
                 ec2.SubnetConfiguration(
-                    name="private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=20
+                    name=PRIVATE_SUBNET_GROUP,
+                    subnet_type=ec2.SubnetType.PRIVATE_ISOLATED
+                    if parked
+                    else ec2.SubnetType.PRIVATE_WITH_EGRESS,
+                    cidr_mask=20,
                 ),
             ],
             flow_logs={
@@ -63,7 +71,7 @@ class Network(Construct):
         # Tag subnets and security groups so EMR's v2 managed service policy may use them.
         Tags.of(self.vpc).add(*EMR_MANAGED_POLICY_TAG)
 
-        self.private_subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+        self.private_subnets = ec2.SubnetSelection(subnet_group_name=PRIVATE_SUBNET_GROUP)
 
         # Note: S3 (warehouse, logs, artifacts) is the bulk of EMR traffic; the gateway endpoint is free.
         self.vpc.add_gateway_endpoint(
@@ -73,10 +81,15 @@ class Network(Construct):
         )
         # Interface endpoints for the chatty control-plane calls of EMR nodes, the Glue catalog and
         # the secrets the CDC job and the seeding Lambda read; they keep that traffic off the NAT.
+        # Parked, nothing in the VPC makes those calls, and each endpoint costs per AZ and hour.
         for endpoint_id, service in (
-            ("EmrEndpoint", ec2.InterfaceVpcEndpointAwsService.EMR),
-            ("SecretsManagerEndpoint", ec2.InterfaceVpcEndpointAwsService.SECRETS_MANAGER),
-            ("GlueEndpoint", ec2.InterfaceVpcEndpointAwsService.GLUE),
+            ()
+            if parked
+            else (
+                ("EmrEndpoint", ec2.InterfaceVpcEndpointAwsService.EMR),
+                ("SecretsManagerEndpoint", ec2.InterfaceVpcEndpointAwsService.SECRETS_MANAGER),
+                ("GlueEndpoint", ec2.InterfaceVpcEndpointAwsService.GLUE),
+            )
         ):
             endpoint = self.vpc.add_interface_endpoint(
                 endpoint_id, service=service, subnets=self.private_subnets, private_dns_enabled=True

@@ -82,7 +82,7 @@ class Streaming(Construct):
             number_of_broker_nodes=settings.broker_count,
             broker_node_group_info=msk.CfnCluster.BrokerNodeGroupInfoProperty(
                 instance_type=settings.broker_instance_type,
-                client_subnets=vpc.select_subnets(subnet_type=subnets.subnet_type).subnet_ids,
+                client_subnets=vpc.select_subnets(subnet_group_name=subnets.subnet_group_name).subnet_ids,
                 security_groups=[self.security_group.security_group_id],
                 storage_info=msk.CfnCluster.StorageInfoProperty(
                     ebs_storage_info=msk.CfnCluster.EBSStorageInfoProperty(

@@ -54,16 +54,18 @@ def cdk_json_context() -> dict:
     return json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
 
 
-def _build(env_name: str, outdir: Path, *, nag: bool) -> tuple[App, DeploymentConfig, LakehouseStacks]:
-    context = {**cdk_json_context(), "env": env_name}
+def _build(
+    env_name: str, outdir: Path, *, nag: bool, context: dict | None = None
+) -> tuple[App, DeploymentConfig, LakehouseStacks]:
+    context = {**cdk_json_context(), "env": env_name, **(context or {})}
     app = App(context=context, outdir=str(outdir))
     # An empty environment: no CDK_DEFAULT_ACCOUNT/REGION, as on a machine without credentials.
     config = config_from_context(app, environ={})
     return app, config, build_lakehouse(app, config, nag=nag)
 
 
-def synthesize(env_name: str, outdir: Path) -> SynthesizedEnv:
-    app, config, stacks = _build(env_name, outdir, nag=True)
+def synthesize(env_name: str, outdir: Path, context: dict | None = None) -> SynthesizedEnv:
+    app, config, stacks = _build(env_name, outdir, nag=True, context=context)
     nag_report = None
     try:
         app.synth()
@@ -71,7 +73,7 @@ def synthesize(env_name: str, outdir: Path) -> SynthesizedEnv:
         reports = sorted(outdir.glob("*validation-report*"))
         nag_report = "\n".join(p.read_text() for p in reports) or str(error)
         outdir = outdir.with_name(outdir.name + "-no-nag")
-        app, config, stacks = _build(env_name, outdir, nag=False)
+        app, config, stacks = _build(env_name, outdir, nag=False, context=context)
         app.synth()
     env = SynthesizedEnv(config=config, app=app, stacks=stacks, outdir=outdir, nag_report=nag_report)
     for concern, stack in zip(CONCERNS, stacks.all, strict=True):
@@ -87,6 +89,12 @@ def dev(tmp_path_factory) -> SynthesizedEnv:
 @pytest.fixture(scope="session")
 def prod(tmp_path_factory) -> SynthesizedEnv:
     return synthesize("prod", tmp_path_factory.mktemp("cdk") / "prod")
+
+
+@pytest.fixture(scope="session")
+def parked_dev(tmp_path_factory) -> SynthesizedEnv:
+    """dev as `lakehouse aws park` deploys it (`-c parked=true`)."""
+    return synthesize("dev", tmp_path_factory.mktemp("cdk") / "dev-parked", {"parked": "true"})
 
 
 @pytest.fixture(scope="session", params=["dev", "prod"])
