@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from aws_cdk import App
+from cfnlint.api import lint
 
 from infra.lakehouse_app import config_from_context
 from jobs.config import ConfigError
@@ -81,3 +84,9 @@ def test_parked_dev_is_nag_clean(parked_dev):
 def test_only_dev_parks_and_the_flag_is_checked(context, error):
     with pytest.raises(ConfigError, match=error):
         config_from_context(App(context=context), environ={})
+
+
+@pytest.mark.parametrize("concern", ["Network", "Compute", "Monitoring", "Jobs"])
+def test_parked_templates_pass_cfn_lint(parked_dev, concern):
+    matches = lint(json.dumps(parked_dev.templates[concern]), regions=["us-east-1"])
+    assert not [f"{m.rule.id} {m.message} ({m.path})" for m in matches if m.rule.id.startswith("E")]
