@@ -137,6 +137,7 @@ class ClickstreamIngest:
         self.settings = settings
         self.stop = stop or StopRequest()
         self.batches = 0
+        self.last_lag_seconds: float | None = None  # now - the newest Kafka timestamp, after commit
         kafka: KafkaConfig = config.kafka
         self._client_config_factory = lambda: kafka_client_config(kafka)
         self.fact = TableProgress({}, None)
@@ -182,6 +183,7 @@ class ClickstreamIngest:
         result.fetch_ms = (time.monotonic() - began) * 1000
         self._commit(batch, partitions, result)
         result.lag_seconds = max(0.0, time.time() - newest_ms / 1000) if newest_ms else None
+        self.last_lag_seconds = result.lag_seconds
         self.batches += 1
         self._log_batch(result)
         return result.records
@@ -233,7 +235,12 @@ class ClickstreamIngest:
                 partitions = self._metadata.partitions(self.settings.topic)
                 _, _, starts = self._starts(partitions)
                 ranges = plan_ranges(
-                    self.settings.topic, partitions, starts, self.settings.fetch.max_records_per_partition
+                    self.settings.topic,
+                    partitions,
+                    starts,
+                    self.settings.fetch.max_records_per_partition,
+                    # Each range reads at least up to here whatever single polls return.
+                    self._metadata.high_watermarks(self.settings.topic, partitions),
                 )
                 fetched = fetch_ranges(self.spark, self._client_config_factory, ranges, self.settings.fetch)
                 # Materialized once: both tables and the end offsets come from the same records. The

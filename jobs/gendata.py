@@ -262,3 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         f"rate={summary.rate:,.0f} events/s topic={topic}"
     )
     return 0 if summary.failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

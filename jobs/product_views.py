@@ -128,7 +128,9 @@ def views_delta(uncounted: DataFrame) -> DataFrame:
     """Per group and Kafka partition: views to add and the highest offset read. One small scan
     yields both the counts and the next watermark."""
     return uncounted.groupBy(*GROUP_COLUMNS, "kafka_partition").agg(
-        F.count("uid").alias("views"), F.max("kafka_offset").alias("last_offset")
+        F.count("uid").alias("views"),
+        F.max("kafka_offset").alias("last_offset"),
+        F.max("eventTime").alias("newest_event"),
     )
 
 
@@ -136,6 +138,7 @@ def views_delta(uncounted: DataFrame) -> DataFrame:
 class Delta:
     counts: dict[tuple, int]
     watermark: Watermark
+    newest_event: datetime | None = None  # the newest event time counted (the view's lag)
 
     @property
     def views(self) -> int:
@@ -145,11 +148,14 @@ class Delta:
 def fold_delta(rows: Sequence, watermark: Watermark) -> Delta:
     counts: dict[tuple, int] = defaultdict(int)
     advanced = dict(watermark)
+    newest = None
     for row in rows:
         counts[tuple(row[c] for c in GROUP_COLUMNS)] += row["views"]
         partition = row["kafka_partition"]
         advanced[partition] = max(advanced.get(partition, 0), row["last_offset"] + 1)
-    return Delta(dict(counts), advanced)
+        event = row["newest_event"]
+        newest = event if newest is None or (event is not None and event > newest) else newest
+    return Delta(dict(counts), advanced, newest)
 
 
 VIEWS_SCHEMA = (
@@ -186,6 +192,7 @@ class ProductViews:
         self.watermark: Watermark = {}
         self.batches = 0
         self._last_clicks_snapshot: int | None = None
+        self.last_lag_seconds: float | None = None  # now - the newest event time counted, at commit
         self.on_commit = None  # optional callback(delta, clicks_snapshot_id) for benchmarks
 
     def prepare(self) -> None:
@@ -225,6 +232,9 @@ class ProductViews:
         self._commit(topic, delta)
         self.topic, self.watermark = topic, delta.watermark
         self.batches += 1
+        if delta.newest_event is not None:
+            # PySpark returns naive local-time datetimes; .timestamp() reads them back the same way.
+            self.last_lag_seconds = max(0.0, time.time() - delta.newest_event.timestamp())
         log.info(
             "batch %d: views=%d groups=%d click_offsets=%s clicks_snapshot=%d commit_ms=%.0f",
             self.batches,

@@ -144,6 +144,7 @@ JOBS = {
     "ingest": "jobs.clickstream_ingest",
     "cdc": "jobs.cdc_sync",
     "views": "jobs.product_views",
+    "streaming": "jobs.streaming",  # cdc + ingest + views in one Spark application
     "report": "jobs.batch_report",
     "maintain": "jobs.maintain",
 }
@@ -155,8 +156,8 @@ PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_
 @click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def run(ctx: click.Context, job: str | None, job_args: tuple[str, ...]) -> None:
-    """Run a pipeline JOB (ingest, cdc, views, report, maintain); `lakehouse run JOB --help` lists
-    its options."""
+    """Run a pipeline JOB (streaming, ingest, cdc, views, report, maintain); `lakehouse run JOB
+    --help` lists its options."""
     if job in (None, "--help", "-h"):
         click.echo(ctx.get_help())
         return

@@ -104,8 +104,13 @@ def requirement_lines() -> tuple[str, ...]:
     return tuple(line for line in lines if line and not line.startswith("#"))
 
 
+# Besides the modules: the streaming application's FAIR scheduler pools.
+JOB_DATA_FILES = ("*.xml",)
+
+
 def _job_sources() -> list[Path]:
-    return sorted(p for p in JOBS_DIR.rglob("*.py") if "__pycache__" not in p.parts)
+    found = [p for pattern in ("*.py", *JOB_DATA_FILES) for p in JOBS_DIR.rglob(pattern)]
+    return sorted(p for p in found if "__pycache__" not in p.parts)
 
 
 def source_version() -> str:
@@ -246,7 +251,8 @@ def _build_jobs_wheel(version: str, scratch: Path, log) -> Path:
         "requires-python = '>=3.11,<3.12'\n"
         f"dependencies = {json.dumps(list(requirement_lines()))}\n"
         "description = 'Lakehouse PySpark jobs (EMR steps)'\n\n"
-        "[tool.setuptools.packages.find]\ninclude = ['jobs*']\n"
+        "[tool.setuptools.packages.find]\ninclude = ['jobs*']\n\n"
+        f"[tool.setuptools.package-data]\njobs = {json.dumps(list(JOB_DATA_FILES))}\n"
     )
     out = _ensure(scratch / "wheel")
     log("  jobs wheel")

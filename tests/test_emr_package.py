@@ -20,7 +20,9 @@ JOB_MODULES = (
     "jobs.maintain",
     "jobs.gendata",
     "jobs.emr_step",
+    "jobs.streaming",
 )
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +65,20 @@ def test_wheels_are_for_cpython_311_manylinux_x86_64_or_pure(package):
         assert pure or native, wheel.name
 
 
+def archive_names(package: Path) -> set[str]:
+    with zipfile.ZipFile(package / "pyenv-x86_64.zip") as archive:
+        return set(archive.namelist())
+
+
 def test_the_archive_holds_the_jobs_and_their_dependencies_only(package):
     with zipfile.ZipFile(package / "pyenv-x86_64.zip") as archive:
         tops = {name.split("/")[0] for name in archive.namelist()}
     assert {"jobs", "confluent_kafka", "pymysqlreplication", "pyarrow", "aws_msk_iam_sasl_signer"} <= tops
+    # The streaming application's scheduler pools travel with the module that names them.
+    from jobs.streaming import job_spark_conf
+
+    pools = Path(job_spark_conf()["spark.scheduler.allocation.file"]).relative_to(REPO)
+    assert str(pools) in archive_names(package)
     assert not tops & {"lakehouse", "infra", "tests", "bin", "pyspark"}
 
 

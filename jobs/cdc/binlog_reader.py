@@ -17,6 +17,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 
 import pymysql
@@ -126,6 +127,8 @@ class BinlogReader:
         self.position = start  # end of the last complete transaction read (and queued)
         self.reconnects = 0
         self.fatal: BaseException | None = None
+        # The last connection failure and when (monotonic): the job reports it while it is recent.
+        self.connection_error: tuple[float, str] | None = None
         self._stop = threading.Event()
         self._stream: BinLogStreamReader | None = None
         self._thread = threading.Thread(target=self._run, name="binlog-reader", daemon=True)
@@ -203,6 +206,7 @@ class BinlogReader:
                     self.fatal = BinlogGone(str(exc.args[1] if len(exc.args) > 1 else exc))
                     break
                 self.reconnects += 1
+                self.connection_error = (time.monotonic(), f"{type(exc).__name__}: {exc}")
                 log.warning(
                     "binlog connection lost (%s: %s); reconnecting in %.1fs from %s",
                     type(exc).__name__,

@@ -66,15 +66,25 @@ class StopRequest:
         return self._event.wait(max(0.0, seconds))
 
 
-def run_batches(run_batch: Callable[[], int], mode: RunMode, stop: StopRequest) -> int:
+def run_batches(
+    run_batch: Callable[[], int],
+    mode: RunMode,
+    stop: StopRequest,
+    upstream_done: Callable[[], bool] | None = None,
+) -> int:
     """Call `run_batch` (returns records handled) per trigger until the mode says stop.
 
+    With --until-idle and `upstream_done` (a job fed by another in the same application), idle
+    counts only from when the upstream job finished: everything it committed is then handled.
     Returns the total records handled. A batch is never interrupted: stop is checked between them.
     """
     started = time.monotonic()
     last_data = started
+    upstream_done_at = None if upstream_done else started
     total = 0
     while True:
+        if upstream_done_at is None and upstream_done():
+            upstream_done_at = time.monotonic()
         batch_started = time.monotonic()
         handled = run_batch()
         total += handled
@@ -85,7 +95,8 @@ def run_batches(run_batch: Callable[[], int], mode: RunMode, stop: StopRequest) 
             break
         if mode.max_seconds is not None and now - started >= mode.max_seconds:
             break
-        if mode.until_idle and not handled and now - last_data >= mode.idle_seconds:
+        idle_since = max(last_data, upstream_done_at if upstream_done_at is not None else now)
+        if mode.until_idle and not handled and now - idle_since >= mode.idle_seconds:
             break
         if not handled or now - batch_started < mode.trigger_seconds:
             stop.wait(mode.trigger_seconds - (now - batch_started))

@@ -1,0 +1,428 @@
+"""`lakehouse run streaming`: CDC, ingest and product views in one Spark application.
+
+The same module is an EMR step. One SparkSession; each job's batch loop runs in its own thread
+with its own FAIR scheduler pool, so a slow MERGE in one job never holds back another's fetch.
+The per-job entry points (`jobs.cdc_sync`, `jobs.clickstream_ingest`, `jobs.product_views`) stay:
+they are what scales out on a big cluster.
+
+Exactly-once is each job's own (progress is committed with the data), so this module only runs and
+supervises them:
+* a job that raises is restarted from what the lake stores, after a backoff, while the others keep
+  committing; past `--max-failures` failures within an hour, the application stops with a message
+  naming the job and the cause. A job that found another writer on its table, or offsets that went
+  back, stops the application at once: that needs an operator, not a retry.
+* SIGTERM/SIGINT: every job finishes and commits its batch, then the application exits.
+* `--until-idle`: CDC stops at the binlog position the source had at start, the ingest once idle
+  after CDC finished, views once idle after the ingest finished (so views count every click).
+* `--status-file`: the jobs' state (batches, records, last commit, lag, failures) as JSON, rewritten
+  every second; `lakehouse demo` shows it live.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from jobs.clickstream.offsets import OffsetsRegressed
+from jobs.common.job_args import add_environment_args, config_from_args
+from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
+from jobs.common.snapshot_progress import CONCURRENT_WRITER_EXIT, ConcurrentWriterError
+from jobs.config import ConfigError, LakehouseConfig
+
+log = logging.getLogger("streaming")
+
+JOB_NAMES = ("cdc", "ingest", "views")
+# What each job consumes: it starts after its upstream is prepared, and with --until-idle it stops
+# only after its upstream finished.
+UPSTREAM = {"ingest": "cdc", "views": "ingest"}
+# Needs an operator: restarting would fail again, or worse.
+FATAL_ERRORS: tuple[type[BaseException], ...] = (ConcurrentWriterError, OffsetsRegressed, ConfigError)
+FAILURE_WINDOW_SECONDS = 3600.0
+MAX_BACKOFF_SECONDS = 60.0
+PROBLEM_SHOWN_SECONDS = 30.0  # a reconnect this recent is still shown as the job's problem
+
+
+class StreamingJob(Protocol):
+    def prepare(self) -> None: ...
+    def run_batch(self) -> int: ...
+    def finish(self) -> None: ...
+    def lag_seconds(self) -> float | None: ...
+    def reached_end(self) -> bool: ...  # --until-idle: its source has nothing more (CDC only)
+    def problem(self) -> str | None: ...  # a condition it is riding out (the source unreachable)
+
+
+JobFactory = Callable[[StopRequest], StreamingJob]
+
+
+@dataclass
+class JobStatus:
+    name: str
+    state: str = "waiting"  # waiting | starting | running | retrying | finished | failed
+    batches: int = 0
+    records: int = 0
+    last_commit_at: float | None = None  # wall clock of the last batch that handled records
+    lag_seconds: float | None = None
+    failures: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StreamingOptions:
+    jobs: tuple[str, ...] = JOB_NAMES
+    mode: RunMode = field(default_factory=RunMode)
+    max_failures: int = 5  # within FAILURE_WINDOW_SECONDS, then the application fails
+    status_file: Path | None = None
+    first_backoff_seconds: float = 2.0
+
+
+# ---- the three jobs, behind one small interface -----------------------------------------------------
+
+
+class CdcJob:
+    def __init__(self, spark, config: LakehouseConfig, until_idle: bool) -> None:
+        from jobs.cdc_sync import DEFAULT_TABLES, CdcSync, TableSpec
+
+        self.sync = CdcSync(spark, config, [TableSpec.parse(t, config) for t in DEFAULT_TABLES])
+        self._until_idle = until_idle
+        self._target = None
+
+    def prepare(self) -> None:
+        from jobs.cdc import source_db
+        from jobs.cdc.binlog_reader import BinlogPosition
+
+        self.sync.start()
+        if self._until_idle:
+            conn = self.sync._connect()
+            try:
+                self._target = BinlogPosition(*source_db.master_position(conn))
+            finally:
+                conn.close()
+
+    def run_batch(self) -> int:
+        return self.sync.run_batch()
+
+    def finish(self) -> None:
+        self.sync.close()
+        for error in self.sync.errors:  # a table stopped (unsupported DDL, ...): the others go on
+            log.error("cdc: %s", error)
+
+    def lag_seconds(self) -> float | None:
+        return self.sync.last_report.lag_seconds if self.sync.last_report.position else None
+
+    def problem(self) -> str | None:
+        reader = self.sync.reader
+        failed = reader.connection_error if reader is not None else None
+        if failed is None or time.monotonic() - failed[0] > PROBLEM_SHOWN_SECONDS:
+            return "; ".join(self.sync.errors) or None
+        return f"binlog connection lost, reconnecting ({failed[1][:200]})"
+
+    def reached_end(self) -> bool:
+        return self.sync.all_stopped or (self._target is not None and self.sync.caught_up(self._target))
+
+
+class IngestJob:
+    def __init__(self, spark, config: LakehouseConfig, stop: StopRequest) -> None:
+        from jobs.clickstream.schema import FACT_TABLE, PRODUCTS_TABLE, REJECTS_TABLE
+        from jobs.clickstream_ingest import ClickstreamIngest, IngestSettings
+
+        settings = IngestSettings(
+            topic=config.kafka.topic,
+            fact_table=config.table(*FACT_TABLE),
+            rejects_table=config.table(*REJECTS_TABLE),
+            products_table=config.table(*PRODUCTS_TABLE),
+        )
+        self.ingest = ClickstreamIngest(spark, config, settings, stop)
+
+    def prepare(self) -> None:
+        self.ingest.prepare()
+
+    def run_batch(self) -> int:
+        return self.ingest.run_batch()
+
+    def finish(self) -> None:
+        self.ingest.finish()
+
+    def lag_seconds(self) -> float | None:
+        return self.ingest.last_lag_seconds
+
+    def reached_end(self) -> bool:
+        return False  # idle after its upstream finished is its end
+
+    def problem(self) -> str | None:
+        return None
+
+
+class ViewsJob:
+    def __init__(self, spark, config: LakehouseConfig) -> None:
+        from jobs.clickstream.schema import FACT_TABLE
+        from jobs.product_views import VIEWS_TABLE, ProductViews, ViewsSettings
+
+        settings = ViewsSettings(
+            clicks_table=config.table(*FACT_TABLE), views_table=config.table(*VIEWS_TABLE)
+        )
+        self.views = ProductViews(spark, settings)
+
+    def prepare(self) -> None:
+        self.views.prepare()
+
+    def run_batch(self) -> int:
+        return self.views.run_batch()
+
+    def finish(self) -> None:
+        pass
+
+    def lag_seconds(self) -> float | None:
+        return self.views.last_lag_seconds
+
+    def reached_end(self) -> bool:
+        return False  # idle after its upstream finished is its end
+
+    def problem(self) -> str | None:
+        return None
+
+
+def default_factories(spark, config: LakehouseConfig, mode: RunMode) -> dict[str, JobFactory]:
+    return {
+        "cdc": lambda stop: CdcJob(spark, config, mode.until_idle),
+        "ingest": lambda stop: IngestJob(spark, config, stop),
+        "views": lambda stop: ViewsJob(spark, config),
+    }
+
+
+# ---- supervision -------------------------------------------------------------------------------------
+
+
+class JobFailed(RuntimeError):
+    def __init__(self, name: str, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.name = name
+        self.exit_code = exit_code
+
+
+class _JobRunner:
+    """One job's thread: prepare, batches, finish; restarted from the lake's state after a failure."""
+
+    def __init__(self, app: StreamingApplication, name: str, factory: JobFactory) -> None:
+        self.app = app
+        self.name = name
+        self.factory = factory
+        self.status = JobStatus(name)
+        self.stop = StopRequest()
+        self.prepared = threading.Event()  # downstream jobs wait for it
+        self.finished = threading.Event()
+        self.failure: JobFailed | None = None
+        self._failures: deque[float] = deque()
+        self.thread = threading.Thread(target=self._run, name=f"job-{name}", daemon=True)
+
+    def _upstream(self) -> _JobRunner | None:
+        return self.app.runners.get(UPSTREAM.get(self.name, ""))
+
+    def _upstream_done(self) -> bool:
+        upstream = self._upstream()
+        return upstream is None or upstream.finished.is_set()
+
+    def _run(self) -> None:
+        # Each job's Spark jobs go to its own FAIR pool (a thread-local property, pinned threads).
+        self.app.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.name)
+        try:
+            upstream = self._upstream()
+            while upstream is not None and not (upstream.prepared.is_set() or upstream.finished.is_set()):
+                if self.stop.wait(0.2):
+                    return
+            delay = self.app.options.first_backoff_seconds
+            while not self.stop.requested:
+                try:
+                    self._run_once()
+                    return
+                except FATAL_ERRORS as exc:
+                    code = CONCURRENT_WRITER_EXIT if isinstance(exc, ConcurrentWriterError) else 1
+                    self._fail(f"{self.name}: {_cause(exc)}", code)
+                    return
+                except Exception as exc:  # noqa: BLE001 - any other failure: restart the job
+                    if self._failed_too_often(exc):
+                        return
+                    self.status.state, self.status.error = "retrying", _cause(exc)
+                    log.warning(
+                        "%s failed (%s); restarting it from the lake's state in %.0fs (failure %d)",
+                        self.name, _cause(exc), delay, self.status.failures, exc_info=True,
+                    )  # fmt: skip
+                    self.stop.wait(delay)
+                    delay = min(delay * 2, MAX_BACKOFF_SECONDS)
+        finally:
+            self.finished.set()
+            if self.status.state not in ("failed",):
+                self.status.state = "finished"
+
+    def _run_once(self) -> None:
+        self.status.state = "starting"
+        job = self.factory(self.stop)
+        job.prepare()
+        self.prepared.set()
+        self.status.state = "running"
+
+        def batch() -> int:
+            handled = job.run_batch()
+            self.status.batches += 1 if handled else 0
+            self.status.records += handled
+            if handled:
+                self.status.last_commit_at = time.time()
+                self.status.lag_seconds = job.lag_seconds()
+            self.status.error = job.problem()
+            if self.app.options.mode.until_idle and job.reached_end():
+                self.stop.set()
+            return handled
+
+        run_batches(batch, self.app.options.mode, self.stop, upstream_done=self._upstream_done)
+        job.finish()
+
+    def _failed_too_often(self, exc: BaseException) -> bool:
+        now = time.monotonic()
+        self._failures.append(now)
+        while self._failures and now - self._failures[0] > FAILURE_WINDOW_SECONDS:
+            self._failures.popleft()
+        self.status.failures += 1
+        if len(self._failures) > self.app.options.max_failures:
+            self._fail(
+                f"{self.name} failed {len(self._failures)} times within an hour; last cause: {_cause(exc)}", 1
+            )
+            return True
+        return False
+
+    def _fail(self, message: str, exit_code: int) -> None:
+        self.status.state, self.status.error = "failed", message
+        self.failure = JobFailed(self.name, message, exit_code)
+        log.error("%s", message)
+        self.app.stop.set()  # the others finish and commit their batch
+
+
+def _cause(exc: BaseException) -> str:
+    text = str(exc).strip()
+    # Py4J errors carry the whole Java stack: the first line says what happened.
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return f"{type(exc).__name__}: {first[:400]}"
+
+
+class StreamingApplication:
+    def __init__(
+        self,
+        spark,
+        options: StreamingOptions,
+        factories: dict[str, JobFactory],
+        stop: StopRequest | None = None,
+    ) -> None:
+        self.spark = spark
+        self.options = options
+        self.stop = stop or StopRequest()
+        self.runners = {name: _JobRunner(self, name, factories[name]) for name in options.jobs}
+
+    def run(self) -> int:
+        """Run until every job finished (or stop); returns the exit code."""
+        log.info("streaming: starting %s", ", ".join(self.runners))
+        for runner in self.runners.values():
+            runner.thread.start()
+        while any(r.thread.is_alive() for r in self.runners.values()):
+            if self.stop.requested:
+                for runner in self.runners.values():
+                    runner.stop.set()
+            self._write_status()
+            time.sleep(1.0)
+        self._write_status()
+        failures = [r.failure for r in self.runners.values() if r.failure is not None]
+        for failure in failures:
+            print(f"error: streaming job {failure.name}: {failure}", file=sys.stderr)
+        summary = ", ".join(f"{r.name} {r.status.records} records" for r in self.runners.values())
+        log.info("streaming stopped: %s", summary)
+        return max((f.exit_code for f in failures), default=0)
+
+    def statuses(self) -> list[JobStatus]:
+        return [r.status for r in self.runners.values()]
+
+    def _write_status(self) -> None:
+        path = self.options.status_file
+        if path is None:
+            return
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"at": time.time(), "jobs": [asdict(s) for s in self.statuses()]}))
+        os.replace(tmp, path)
+
+
+# ---- entry point -------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="lakehouse run streaming",
+        description="CDC, ingest and product views in one Spark application (one thread and FAIR pool each).",
+    )
+    add_environment_args(parser)
+    add_run_mode_args(parser)
+    parser.add_argument(
+        "--jobs",
+        default=",".join(JOB_NAMES),
+        help=f"comma-separated subset of {','.join(JOB_NAMES)} (default: all)",
+    )
+    parser.add_argument(
+        "--max-failures",
+        type=int,
+        default=StreamingOptions.max_failures,
+        help="a job failing more often than this within an hour stops the application (default 5)",
+    )
+    parser.add_argument("--status-file", type=Path, help="write the jobs' state here as JSON every second")
+    args = parser.parse_args(list(argv))
+    jobs = tuple(j.strip() for j in args.jobs.split(",") if j.strip())
+    unknown = sorted(set(jobs) - set(JOB_NAMES))
+    if unknown or not jobs:
+        parser.error(f"--jobs {args.jobs!r}: choose from {', '.join(JOB_NAMES)}")
+    args.jobs = tuple(j for j in JOB_NAMES if j in jobs)  # upstream first
+    return args
+
+
+def job_spark_conf() -> dict[str, str]:
+    return {
+        "spark.scheduler.mode": "FAIR",
+        "spark.scheduler.allocation.file": str(Path(__file__).with_name("fairscheduler.xml")),
+        "spark.cleaner.periodicGC.interval": "2min",
+        "spark.ui.showConsoleProgress": "false",
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s"
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    options = StreamingOptions(
+        jobs=args.jobs,
+        mode=RunMode.from_args(args),
+        max_failures=args.max_failures,
+        status_file=args.status_file,
+    )
+    from jobs.spark_session import build_spark, stop_spark
+
+    stop = StopRequest().install()
+    spark = build_spark(config, "streaming", job_spark_conf())
+    try:
+        app = StreamingApplication(spark, options, default_factories(spark, config, options.mode), stop)
+        return app.run()
+    finally:
+        stop_spark(spark)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""`lakehouse run streaming`: CDC, ingest and views in one Spark application, on a stack of its own.
+
+Every test compares the lake with what went in, read back by independent readers: the topic by a
+plain Kafka consumer, the source tables by SQL, the lake by pyiceberg. The three tests share the
+stack and check the same invariants over everything produced so far, so each also re-checks the
+ones before it.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from support import free_port, free_port_base, run_cli
+from test_demo import read_topic
+
+from lakehouse.local.catalog import pyiceberg_catalog
+from lakehouse.local.mariadb import APP_USER
+from lakehouse.local.settings import StackSettings
+from lakehouse.local.stack import LocalStack
+
+pytestmark = pytest.mark.stack
+
+REPO = Path(__file__).resolve().parents[1]
+DIMS = {
+    "products": ("dim_db.products", ["productId", "name", "description", "product_price", "update_time"]),
+    "user_member": ("dim_db.user_member", ["userid", "name", "show_params", "memberLevel", "update_time"]),
+}
+
+
+class Stack:
+    def __init__(self, home: Path) -> None:
+        self.settings = StackSettings(home, free_port(), free_port(), free_port_base(7))
+        self.stack = LocalStack(self.settings)
+        self.env = {
+            **os.environ,
+            "LAKEHOUSE_HOME": str(home),
+            "LAKEHOUSE_MYSQL_PORT": str(self.settings.mysql_port),
+            "LAKEHOUSE_KAFKA_PORT": str(self.settings.kafka_port),
+            "LAKEHOUSE_S3_PORT": str(self.settings.s3_port),
+        }
+
+    def up(self) -> None:
+        self.secrets = self.stack.up()["mysql"]
+
+    def connect(self):
+        return self.stack.mariadb.connect(APP_USER, self.secrets["password"])
+
+    @property
+    def status_file(self) -> Path:
+        return self.settings.home / "streaming-status.json"
+
+    def start_streaming(self, *args: str) -> subprocess.Popen:
+        log = (self.settings.home / "streaming.log").open("a")
+        command = [sys.executable, "-m", "jobs.streaming", "--status-file", str(self.status_file), *args]
+        return subprocess.Popen(
+            command, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def run_until_idle(self) -> subprocess.CompletedProcess:
+        return run_cli(
+            "run", "streaming", "--until-idle", "--idle-seconds", "2", "--status-file", str(self.status_file),
+            env=self.env, timeout=600,
+        )  # fmt: skip
+
+    def produce(self, count: int, *args: str) -> subprocess.CompletedProcess:
+        return run_cli("gendata", "--count", str(count), "--no-progress", *args, env=self.env, timeout=600)
+
+    def job_status(self) -> dict[str, dict]:
+        try:
+            return {job["name"]: job for job in json.loads(self.status_file.read_text())["jobs"]}
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    stack = Stack(tmp_path_factory.mktemp("streaming-home"))
+    stack.up()
+    yield stack
+    stack.stack.down()
+
+
+# ---- independent readers -------------------------------------------------------------------------------
+
+
+def lake(stack: Stack, table: str) -> list[dict]:
+    catalog = pyiceberg_catalog(stack.settings.catalog_path, stack.settings.warehouse)
+    return catalog.load_table(table).scan().to_arrow().to_pylist()
+
+
+def _text(value) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, Decimal):
+        return f"{value:.4f}"
+    if hasattr(value, "strftime"):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    return str(value)
+
+
+def assert_lake_equals_sources(stack: Stack) -> None:
+    # Every record in the topic is in exactly one of the two click tables, exactly once.
+    clicks = lake(stack, "ods_behavior.clickevent")
+    rejects = lake(stack, "ods_behavior.clickevent_rejects")
+    sent = read_topic(f"127.0.0.1:{stack.settings.kafka_port}", "clicktopic")
+    landed = collections.Counter((r["kafka_partition"], r["kafka_offset"]) for r in clicks + rejects)
+    assert landed == collections.Counter(sent.keys()), (len(sent), sum(landed.values()))
+    # The views count every click once, per product and price.
+    counted = collections.Counter()
+    for row in lake(stack, "ads_behavior.product_views"):
+        counted[(row["productId"], row["product_price"])] += row["views"]
+    assert +counted == collections.Counter((r["productId"], r["product_price"]) for r in clicks)
+    # The dimensions equal the source tables, row for row.
+    assert dims_differences(stack) == {}
+
+
+def dims_differences(stack: Stack) -> dict[str, tuple]:
+    """Per dimension table that differs from its source: (rows only in the source, only in the lake)."""
+    differences = {}
+    conn = stack.connect()
+    try:
+        for source, (target, columns) in DIMS.items():
+            with conn.cursor() as cur:
+                cur.execute("SET time_zone = '+00:00'")
+                cur.execute(f"SELECT {', '.join(columns)} FROM {source}")
+                expected = collections.Counter(tuple(map(_text, row)) for row in cur.fetchall())
+            conn.commit()
+            actual = collections.Counter(tuple(_text(row[c]) for c in columns) for row in lake(stack, target))
+            if actual != expected:
+                differences[target] = (expected - actual, actual - expected)
+    finally:
+        conn.close()
+    return differences
+
+
+def change_sources(stack: Stack, statements: int, seed: int) -> None:
+    """Updates, inserts and deletes on both source tables."""
+    rng = random.Random(seed)
+    conn = stack.connect()
+    try:
+        with conn.cursor() as cur:
+            for i in range(statements):
+                pick = rng.random()
+                if pick < 0.5:
+                    cur.execute(
+                        "UPDATE products SET product_price=%s WHERE productId=%s",
+                        (round(rng.uniform(1, 99), 2), str(rng.randint(1, 20))),
+                    )
+                elif pick < 0.7:
+                    cur.execute(
+                        "UPDATE user_member SET memberLevel=%s WHERE userid=%s",
+                        (rng.randint(1, 5), str(rng.choice([555655, 555656, 555657]))),
+                    )
+                elif pick < 0.85:
+                    cur.execute(
+                        "INSERT INTO user_member (userid, name, memberLevel) VALUES (%s, %s, %s)",
+                        (f"s{seed}-{i}", f"member {i}", rng.randint(1, 5)),
+                    )
+                else:
+                    cur.execute("DELETE FROM user_member WHERE userid LIKE %s LIMIT 1", (f"s{seed}-%",))
+                conn.commit()
+    finally:
+        conn.close()
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.5)
+
+
+# ---- tests ------------------------------------------------------------------------------------------
+
+
+def test_until_idle_over_a_backlog_equals_the_sources(stack):
+    stack.produce(20_000, "--bad-ratio", "0.05")
+    change_sources(stack, 60, seed=1)
+    result = stack.run_until_idle()
+    assert "streaming stopped: cdc" in result.stderr, result.stderr[-2000:]
+    assert_lake_equals_sources(stack)
+    status = stack.job_status()
+    assert {name: job["state"] for name, job in status.items()} == dict.fromkeys(
+        ("cdc", "ingest", "views"), "finished"
+    )
+    assert status["ingest"]["records"] == 20_000
+    assert status["views"]["records"] == len(lake(stack, "ods_behavior.clickevent"))
+
+
+def test_mariadb_down_leaves_ingest_and_views_committing_and_cdc_catches_up(stack):
+    app = stack.start_streaming()
+    try:
+        wait_for(lambda: stack.job_status().get("cdc", {}).get("state") == "running", 180, "CDC running")
+        assert stack.stack.mariadb.stop()
+        before = stack.job_status()
+        stack.produce(3_000)
+        wait_for(
+            lambda: stack.job_status()["ingest"]["records"] >= before["ingest"]["records"] + 3_000,
+            120,
+            "the ingest to commit the clicks produced while MariaDB is down",
+        )
+        wait_for(
+            lambda: stack.job_status()["views"]["records"] > before["views"]["records"],
+            120,
+            "views to count them",
+        )
+        assert app.poll() is None
+        assert "binlog connection lost" in (stack.job_status()["cdc"]["error"] or "")
+        stack.up()  # MariaDB back
+        change_sources(stack, 20, seed=2)
+        wait_for(
+            lambda: not dims_differences(stack), 180, "CDC to apply the changes made after MariaDB returned"
+        )
+    finally:
+        app.send_signal(signal.SIGTERM)
+        code = app.wait(120)
+    assert code == 0
+    assert_lake_equals_sources(stack)
+
+
+def test_kill_9_three_times_then_a_clean_run_loses_and_doubles_nothing(stack):
+    producer = subprocess.Popen(
+        [sys.executable, "-m", "jobs.gendata", "--count", "40000", "--rate", "2000", "--no-progress",
+         "--bad-ratio", "0.02"],
+        cwd=REPO, env=stack.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    changes = threading.Thread(target=change_sources, args=(stack, 100, 3))
+    changes.start()
+    app = None
+    try:
+        for kill_after in (None, 3.0, 0.5):  # after a commit, mid-run, and during startup
+            committed = stack.job_status().get("ingest", {}).get("records", 0)
+            stack.status_file.unlink(missing_ok=True)
+            app = stack.start_streaming()
+            if kill_after is None:
+                wait_for(lambda: stack.job_status().get("ingest", {}).get("records", 0) > 0, 180, "a commit")
+            else:
+                time.sleep(kill_after + (5.0 if committed else 0.0))
+            os.killpg(app.pid, signal.SIGKILL)
+            app.wait(30)
+    finally:
+        if app is not None and app.poll() is None:
+            os.killpg(app.pid, signal.SIGKILL)
+        _, errors = producer.communicate(timeout=120)
+        changes.join(120)
+    assert producer.returncode == 0, errors
+    stack.run_until_idle()
+    assert_lake_equals_sources(stack)
