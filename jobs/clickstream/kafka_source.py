@@ -1,10 +1,13 @@
 """Kafka as a micro-batch source: the driver plans per-partition ranges, executor tasks fetch them.
 
-The broker's high watermark cannot be trusted (see docs), so a range has a start and a cap, not an
-end: a task reads from `start` until a poll comes back empty, or short after a minimum read time
-(it drained what the broker had), or `max_records` were read. The batch's end offsets are then
-taken from the records actually read (max offset + 1 per partition), observed while the batch is
-materialized.
+A range has a start, a cap and a minimum end, not an end. The minimum end is the partition's high
+watermark when the batch was planned (capped): every record below it exists, so a task never ends
+the range before it, whatever a poll returns; that makes a busy moment of the fetcher (short polls)
+cost time, not a batch. The watermark is a lower bound only: on MSK it is exact, and the local
+broker under-reports it (the start of the last produced batch + 1), so past it the task reads on
+until a poll comes back empty, or short after a minimum read time, or `max_records` were read. The
+batch's end offsets are then taken from the records actually read (max offset + 1 per partition),
+observed while the batch is materialized.
 
 Executors keep one consumer per partition between batches (like Spark's own Kafka source), so a
 batch's task finds the records already prefetched; validation builds Arrow columns directly, with a
@@ -43,6 +46,7 @@ class OffsetRange:
     partition: int
     start: int
     max_records: int
+    min_end: int = 0  # read at least up to here (exclusive): the high watermark at planning time
 
 
 @dataclass(frozen=True)
@@ -57,9 +61,19 @@ class FetchSettings:
 
 
 def plan_ranges(
-    topic: str, partitions: list[int], starts: dict[int, int], max_records: int
+    topic: str,
+    partitions: list[int],
+    starts: dict[int, int],
+    max_records: int,
+    high_watermarks: dict[int, int] | None = None,
 ) -> list[OffsetRange]:
-    return [OffsetRange(topic, p, starts.get(p, 0), max_records) for p in sorted(partitions)]
+    """One range per partition; its minimum end is the high watermark, capped at `max_records`."""
+    ranges = []
+    for p in sorted(partitions):
+        start = starts.get(p, 0)
+        min_end = min((high_watermarks or {}).get(p, 0), start + max_records)
+        ranges.append(OffsetRange(topic, p, start, max_records, max(min_end, start)))
+    return ranges
 
 
 def _consumer(client_config: dict[str, object]) -> Consumer:
@@ -100,6 +114,23 @@ class TopicMetadata:
         if found is None or found.error is not None or not found.partitions:
             raise BrokerUnavailable(f"topic {topic!r} not available: {found.error if found else 'missing'}")
         return sorted(found.partitions)
+
+    def high_watermarks(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        """Each partition's high watermark (a lower bound of its end on the local broker); a
+        partition the broker does not answer for is left out (its range then has no minimum end)."""
+        if self._client is None:
+            self._client = _consumer(self._client_config_factory())
+        found = {}
+        for partition in partitions:
+            try:
+                _, high = self._client.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=self._timeout, cached=False
+                )
+            except KafkaException as exc:
+                raise BrokerUnavailable(str(exc)) from exc
+            if high >= 0:
+                found[partition] = high
+        return found
 
     def earliest_offset(self, topic: str, partition: int) -> int:
         """The partition's earliest offset still held by the broker (older ones expired)."""
@@ -284,7 +315,7 @@ def _read_range(reader: _PartitionReader, plan: OffsetRange, settings: FetchSett
     # first: a short poll then says nothing about being caught up, so until `first_poll_seconds`
     # after the assign a poll may wait that long to fill up.
     ramped_up_at = reader.assigned_at + settings.first_poll_seconds
-    while messages:
+    while True:
         records = []
         for message in messages:
             error = message.error()
@@ -296,13 +327,16 @@ def _read_range(reader: _PartitionReader, plan: OffsetRange, settings: FetchSett
         read += len(messages)
         if records:
             yield _arrow_batch(plan.partition, records, int(time.time() * 1000))
-        # Caught up (the signal we use instead of the watermark): an empty poll, or a short one
-        # once the range has been read for min_fetch_seconds. Not any short poll: librdkafka
-        # refills its buffer in fetch-sized chunks, and on a busy box ending at the first short
-        # poll left batches of a handful of records while the lag grew.
+        # Below the minimum end every record exists: keep reading whatever a poll returns. Past it,
+        # caught up means an empty poll, or a short one once the range has been read for
+        # min_fetch_seconds (librdkafka refills its buffer in fetch-sized chunks, so a short poll
+        # on a busy box says little).
         elapsed = time.monotonic() - began
-        short = len(messages) < requested and elapsed >= settings.min_fetch_seconds
-        if short or read >= plan.max_records or elapsed >= settings.max_fetch_seconds:
+        below_min_end = reader.position is not None and reader.position < plan.min_end
+        short = len(messages) < requested and (elapsed >= settings.min_fetch_seconds or not messages)
+        if read >= plan.max_records or elapsed >= settings.max_fetch_seconds:
+            break
+        if short and not below_min_end:
             break
         requested = min(settings.poll_batch, plan.max_records - read)
         messages = reader.consume(requested, max(settings.idle_poll_seconds, ramped_up_at - time.monotonic()))

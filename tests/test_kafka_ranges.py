@@ -1,0 +1,73 @@
+"""How a fetch task decides a range is done: the planned minimum end (the high watermark) holds
+whatever single polls return; past it, an empty or short poll ends the range. No broker: the
+reader's polls are scripted (the broker itself is exercised by the ingest tests)."""
+
+from __future__ import annotations
+
+import time
+
+from jobs.clickstream.kafka_source import FetchSettings, OffsetRange, _read_range, plan_ranges
+
+
+class Message:
+    def __init__(self, offset: int) -> None:
+        self._offset = offset
+
+    def error(self):
+        return None
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes:
+        return b"{}"
+
+    def timestamp(self):
+        return (1, 0)
+
+
+class ScriptedReader:
+    """Polls return what `script` says per call (a count of records, 0 for an empty poll), as a
+    fetcher that falls behind on a busy box does; then empty polls."""
+
+    def __init__(self, start: int, script: list[int]) -> None:
+        self.position, self.warm, self.assigned_at, self.errors = start, True, time.monotonic() - 10, []
+        self._script = list(script)
+
+    def consume(self, count: int, timeout: float) -> list[Message]:
+        n = min(count, self._script.pop(0) if self._script else 0)
+        messages = [Message(self.position + i) for i in range(n)]
+        self.position += n
+        return messages
+
+
+def offsets_read(reader: ScriptedReader, plan: OffsetRange) -> int:
+    settings = FetchSettings(min_fetch_seconds=0.3, idle_poll_seconds=0.0, max_fetch_seconds=5)
+    return sum(batch.num_rows for batch in _read_range(reader, plan, settings))
+
+
+SHORT_AND_EMPTY_POLLS = [1, 5, 0, 3, 0, 0, 40, 0, 1] + [0] * 20
+
+
+def test_a_range_reads_up_to_its_minimum_end_whatever_the_polls_return():
+    plan = OffsetRange("t", 0, start=100, max_records=10_000, min_end=150)
+    assert offsets_read(ScriptedReader(100, SHORT_AND_EMPTY_POLLS), plan) == 50
+
+
+def test_without_a_minimum_end_the_first_empty_poll_ends_the_range():
+    plan = OffsetRange("t", 0, start=100, max_records=10_000)
+    assert offsets_read(ScriptedReader(100, SHORT_AND_EMPTY_POLLS), plan) == 6
+
+
+def test_past_the_minimum_end_the_range_drains_what_keeps_arriving():
+    plan = OffsetRange("t", 0, start=0, max_records=10_000, min_end=10)
+    assert offsets_read(ScriptedReader(0, [10, 10_000, 10_000, 0]), plan) == 10_000
+
+
+def test_the_minimum_end_is_the_high_watermark_capped_and_never_below_the_start():
+    ranges = plan_ranges(
+        "t", [0, 1, 2], {0: 5, 1: 500, 2: 0}, max_records=100, high_watermarks={0: 90, 1: 400}
+    )
+    assert [(r.partition, r.start, r.min_end) for r in ranges] == [(0, 5, 90), (1, 500, 500), (2, 0, 0)]
+    (capped,) = plan_ranges("t", [0], {0: 0}, max_records=100, high_watermarks={0: 1_000_000})
+    assert capped.min_end == 100
