@@ -86,15 +86,16 @@ class ComputeSettings:
 
 @dataclass(frozen=True)
 class JobSettings:
-    """How the jobs run on the cluster (infra/constructs/job_deployment.py). Both environments run
-    one EMR step per streaming job (CDC, ingest, views), so each can be restarted alone; a single
-    `jobs.streaming` application for a small dev cluster is not built yet."""
+    """How the jobs run on the cluster (infra/constructs/job_deployment.py)."""
 
     report_hour_utc: int  # the daily report runs at HH:30 UTC (for the day so far)
     maintain_every: Duration
     supervisor_every: Duration  # how often the step supervisor reconciles without an event
     max_failures_per_hour: int  # a streaming job failing more often is given up and alerted
     log_retention: logs.RetentionDays
+    # dev: CDC, ingest and views in one step (`jobs.streaming`: one driver on a small cluster);
+    # prod: a step each, so each restarts and scales alone.
+    one_streaming_application: bool
 
 
 @dataclass(frozen=True)
@@ -255,6 +256,7 @@ _DEV = DeploymentConfig(
         supervisor_every=Duration.minutes(5),
         max_failures_per_hour=5,
         log_retention=logs.RetentionDays.ONE_WEEK,
+        one_streaming_application=True,
     ),
     log_retention_cap_days=30,
 )
@@ -314,6 +316,7 @@ _PROD = replace(
         supervisor_every=Duration.minutes(2),
         max_failures_per_hour=10,
         log_retention=logs.RetentionDays.THREE_MONTHS,
+        one_streaming_application=False,
     ),
     log_retention_cap_days=731,
 )

@@ -22,6 +22,8 @@ STREAMING_JOBS: Mapping[str, str] = {
     "ingest": "jobs.clickstream_ingest",
     "views": "jobs.product_views",
 }
+# The same three jobs in one Spark application (one step, one driver).
+STREAMING_APPLICATION: Mapping[str, str] = {"streaming": "jobs.streaming"}
 BATCH_JOBS: Mapping[str, str] = {
     "report": "jobs.batch_report",
     "maintain": "jobs.maintain",
@@ -48,6 +50,12 @@ class JobArtifacts:
     @property
     def entry_point_uri(self) -> str:
         return f"{self.prefix}/emr_step.py"
+
+
+def streaming_steps(one_application: bool) -> Mapping[str, str]:
+    """The supervisor's streaming steps: one application, or one step per job (each scales and
+    restarts alone, at the cost of a driver each)."""
+    return STREAMING_APPLICATION if one_application else STREAMING_JOBS
 
 
 def step_name(job: str, version: str) -> str:

@@ -40,11 +40,11 @@ from infra.config import JobSettings
 from infra.emr_steps import (
     ARTIFACTS_PREFIX,
     BATCH_JOBS,
-    STREAMING_JOBS,
     STREAMING_STEPS_FILE,
     JobArtifacts,
     replacing_step_args,
     spark_submit_args,
+    streaming_steps,
 )
 from infra.nag import (
     LAMBDA_BASIC_EXECUTION_FINDING,
@@ -94,7 +94,7 @@ class JobDeployment(Construct):
                 "version": artifacts.version,
                 "args": replacing_step_args(job, submit_args(job, module)),
             }
-            for job, module in STREAMING_JOBS.items()
+            for job, module in streaming_steps(settings.one_streaming_application).items()
         ]
         self.streaming_steps_key = f"{ARTIFACTS_PREFIX}/{artifacts.version}/{STREAMING_STEPS_FILE}"
 

@@ -9,7 +9,15 @@ from pathlib import Path
 
 from aws_cdk.assertions import Match
 
-from infra.emr_steps import BATCH_JOBS, STREAMING_JOBS, JobArtifacts, spark_submit_args, step_name
+from infra.emr_steps import (
+    BATCH_JOBS,
+    STREAMING_APPLICATION,
+    STREAMING_JOBS,
+    JobArtifacts,
+    spark_submit_args,
+    step_name,
+    streaming_steps,
+)
 from infra.stacks import BOOTSTRAP_DIR
 
 SETTINGS = {
@@ -61,7 +69,7 @@ def test_job_arguments_parse_with_each_jobs_own_parser():
     import importlib
 
     artifacts = JobArtifacts("bucket", "v1", "x86_64")
-    for job, module in {**STREAMING_JOBS, **BATCH_JOBS}.items():
+    for job, module in {**STREAMING_JOBS, **STREAMING_APPLICATION, **BATCH_JOBS}.items():
         extra = ("--count", "10") if job == "gendata" else ()
         args = spark_submit_args(
             job=job, module=module, artifacts=artifacts, job_settings=SETTINGS, job_python="python3",
@@ -110,11 +118,17 @@ def test_step_concurrency_leaves_room_for_a_batch_step(synthesized):
     assert _cluster(synthesized)["StepConcurrencyLevel"] >= len(STREAMING_JOBS) + 1
 
 
+def test_dev_runs_one_streaming_application_and_prod_a_step_per_job(dev, prod):
+    assert [s["job"] for s in dev.stacks.jobs.jobs.streaming_steps] == ["streaming"]
+    assert [s["job"] for s in prod.stacks.jobs.jobs.streaming_steps] == list(STREAMING_JOBS)
+
+
 def test_the_supervisor_runs_every_streaming_job_of_this_version(synthesized):
     deployment = synthesized.stacks.jobs.jobs
     steps = {s["job"]: s for s in deployment.streaming_steps}
-    assert set(steps) == set(STREAMING_JOBS)
-    for job, module in STREAMING_JOBS.items():
+    expected = streaming_steps(synthesized.config.jobs.one_streaming_application)
+    assert set(steps) == set(expected)
+    for job, module in expected.items():
         args = steps[job]["args"]
         assert steps[job]["version"] == deployment.artifacts.version
         # The step first stops the job's running YARN application, then runs spark-submit.
