@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import time
 
-from jobs.clickstream.kafka_source import FetchSettings, OffsetRange, _read_range, plan_ranges
+import pytest
+
+from jobs.clickstream.kafka_source import FetchSettings, OffsetRange, _read_range, plan_frame, plan_ranges
 
 
 class Message:
@@ -71,3 +73,10 @@ def test_the_minimum_end_is_the_high_watermark_capped_and_never_below_the_start(
     assert [(r.partition, r.start, r.min_end) for r in ranges] == [(0, 5, 90), (1, 500, 500), (2, 0, 0)]
     (capped,) = plan_ranges("t", [0], {0: 0}, max_records=100, high_watermarks={0: 1_000_000})
     assert capped.min_end == 100
+
+
+@pytest.mark.stack
+def test_the_executors_get_every_field_of_the_planned_ranges(spark):
+    ranges = plan_ranges("clicks", [0, 1, 2], {0: 5, 1: 7}, max_records=100, high_watermarks={0: 50, 2: 9})
+    rows = plan_frame(spark, ranges).collect()
+    assert [OffsetRange(**row.asDict()) for row in rows] == ranges

@@ -20,7 +20,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -358,18 +358,7 @@ def fetch_ranges(
     them one after the other, while the readers of the later ones keep prefetching. The plan rows
     come from `spark.range` (JVM only), so the only Python a task runs is the fetch itself.
     """
-    tasks = max(1, min(len(ranges), spark.sparkContext.defaultParallelism))
-    index = F.col("id").cast("int") + 1
-
-    def pick(values: list, kind: str):
-        return F.element_at(F.array(*[F.lit(v).cast(kind) for v in values]), index)
-
-    plan = spark.range(0, len(ranges), 1, tasks).select(
-        pick([r.topic for r in ranges], "string").alias("topic"),
-        pick([r.partition for r in ranges], "int").alias("partition"),
-        pick([r.start for r in ranges], "bigint").alias("start"),
-        pick([r.max_records for r in ranges], "bigint").alias("max_records"),
-    )
+    plan = plan_frame(spark, ranges)
 
     def fetch(plan_batches):
         client_config = client_config_factory()
@@ -378,6 +367,22 @@ def fetch_ranges(
                 yield from fetch_range(client_config, OffsetRange(**row), settings)
 
     return plan.mapInArrow(fetch, FETCHED_RECORD)
+
+
+# OffsetRange's field annotations (strings: `from __future__ import annotations`) -> Spark types.
+_SPARK_TYPES = {"str": "string", "int": "bigint"}
+
+
+def plan_frame(spark: SparkSession, ranges: list[OffsetRange]) -> DataFrame:
+    """One row per range, every OffsetRange field a column; at most one partition per core, so a
+    batch is one wave of tasks."""
+    tasks = max(1, min(len(ranges), spark.sparkContext.defaultParallelism))
+    index = F.col("id").cast("int") + 1
+    columns = []
+    for spec in fields(OffsetRange):
+        values = [F.lit(getattr(r, spec.name)).cast(_SPARK_TYPES[spec.type]) for r in ranges]
+        columns.append(F.element_at(F.array(*values), index).alias(spec.name))
+    return spark.range(0, len(ranges), 1, tasks).select(*columns)
 
 
 @dataclass(frozen=True)
