@@ -314,10 +314,15 @@ class ClickstreamIngest:
             **exclusive_append_options(base.snapshot_id),
         }
 
+        attempts = 0
+
         @retry_commit()
         def append() -> int:
+            nonlocal attempts
+            attempts += 1
             # An earlier attempt whose outcome was unknown may have landed: never append twice.
-            landed = find_commit(self.spark, table, commit_id)
+            # (The first attempt has nothing to look for: one metadata load less per commit.)
+            landed = find_commit(self.spark, table, commit_id) if attempts > 1 else None
             if landed is not None:
                 log.warning("%s: the commit of the previous attempt had landed; not appending again", table)
                 return landed

@@ -127,3 +127,35 @@ def test_positions_order_across_files() -> None:
     b = BinlogPosition("mysql-bin.000002", 4)
     assert a.order < b.order
     assert BinlogPosition.from_json(a.to_json()) == a
+
+
+ARROW_CASES = [
+    # (Iceberg type, binlog/driver values): what Arrow converts as is, and what needs to_spark_value
+    ("int", [1, None, -7]),
+    ("bigint", [2**40, None]),
+    ("decimal(10,4)", [Decimal("8.1000"), Decimal("11.1100"), None, 8.1]),
+    ("decimal(20,0)", [Decimal(2**64 - 1), None]),
+    ("string", ["a", None, "ü"]),
+    ("string", [{"a": 1}, None]),  # JSON
+    ("string", [frozenset({"b", "a"}), "x"]),  # SET
+    ("string", [dt.timedelta(hours=-1, minutes=-2), dt.timedelta(hours=30)]),  # TIME
+    ("string", [b"bytes as text", None]),
+    ("timestamp", [dt.datetime(2026, 11, 23, 12, 0, 1), None]),
+    ("date", [dt.date(2026, 11, 23), None]),
+    ("double", [1.5, None, 2]),
+    ("boolean", [True, False, None]),
+    ("binary", [b"\x00\x01", 5, None]),  # BIT(n) arrives as an int
+]
+
+
+@pytest.mark.parametrize(("kind", "values"), ARROW_CASES)
+def test_arrow_change_columns_hold_what_spark_would_be_given(kind: str, values: list) -> None:
+    from jobs.cdc.apply_changes import OP_COLUMN, change_table
+    from jobs.cdc.change_batch import UPSERT, RowChange
+
+    changes = [RowChange(UPSERT, (i,), {"c": value}) for i, value in enumerate(values)]
+    table = change_table([("c", kind)], changes)
+    assert table.column_names == ["c", OP_COLUMN]
+    expected = [to_spark_value(value, kind) for value in values]
+    assert table.column("c").to_pylist() == expected
+    assert table.column(OP_COLUMN).to_pylist() == [UPSERT] * len(values)

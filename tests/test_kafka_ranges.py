@@ -71,6 +71,8 @@ def test_the_minimum_end_is_the_high_watermark_capped_and_never_below_the_start(
         "t", [0, 1, 2], {0: 5, 1: 500, 2: 0}, max_records=100, high_watermarks={0: 90, 1: 400}
     )
     assert [(r.partition, r.start, r.min_end) for r in ranges] == [(0, 5, 90), (1, 500, 500), (2, 0, 0)]
+    (unknown,) = plan_ranges("t", [3], {3: 70}, max_records=100, high_watermarks={})
+    assert unknown.min_end == 0  # no watermark: the range ends by what the polls say
     (capped,) = plan_ranges("t", [0], {0: 0}, max_records=100, high_watermarks={0: 1_000_000})
     assert capped.min_end == 100
 
@@ -80,3 +82,8 @@ def test_the_executors_get_every_field_of_the_planned_ranges(spark):
     ranges = plan_ranges("clicks", [0, 1, 2], {0: 5, 1: 7}, max_records=100, high_watermarks={0: 50, 2: 9})
     rows = plan_frame(spark, ranges).collect()
     assert [OffsetRange(**row.asDict()) for row in rows] == ranges
+
+
+def test_past_the_minimum_end_a_short_poll_ends_the_range_at_once():
+    plan = OffsetRange("t", 0, start=0, max_records=10_000, min_end=10)
+    assert offsets_read(ScriptedReader(0, [1, 9, 5, 5, 5]), plan) == 10

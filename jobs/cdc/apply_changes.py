@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 
 from jobs.cdc import position_commit
 from jobs.cdc.binlog_reader import BinlogPosition
@@ -11,23 +13,77 @@ from jobs.cdc.schema_mapping import spark_schema, to_spark_value
 from jobs.common.snapshot_progress import with_snapshot_properties
 
 OP_COLUMN = "_cdc_op"
+ARROW_BATCH_ROWS = 10_000  # Spark's spark.sql.execution.arrow.maxRecordsPerBatch default
 
 
 def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def change_rows(columns: list[tuple[str, str]], changes: list[RowChange]) -> list[tuple]:
-    """Rows for the changes DataFrame: target columns in order (missing -> null), then the op."""
-    return [
-        tuple(to_spark_value(change.row.get(name), kind) for name, kind in columns) + (change.op,)
-        for change in changes
-    ]
+def change_table(columns: list[tuple[str, str]], changes: list[RowChange]):
+    """The changes as an Arrow table, column by column, typed from the target's schema: target
+    columns in order (missing -> null), then the op. Each column is converted by Arrow in one call;
+    only a column holding values Arrow cannot take as they are (a SET, a TIME, BIT as an integer,
+    bytes for text) goes through `to_spark_value` value by value."""
+    import pyarrow as pa
+
+    arrays = [_arrow_column([change.row.get(name) for change in changes], kind) for name, kind in columns]
+    arrays.append(pa.array([change.op for change in changes], pa.string()))
+    return pa.Table.from_arrays(arrays, names=[*(name for name, _ in columns), OP_COLUMN])
+
+
+def arrow_type(kind: str):
+    """The Arrow type Spark reads as the Iceberg (Spark SQL) type `kind` (Spark's own mapping:
+    timestamps in microseconds, UTC; naive values are UTC wall time, as the server runs in UTC)."""
+    import pyarrow as pa
+
+    decimal = re.fullmatch(r"decimal\((\d+),(\d+)\)", kind)
+    if decimal:
+        return pa.decimal128(int(decimal.group(1)), int(decimal.group(2)))
+    return {
+        "int": pa.int32(),
+        "bigint": pa.int64(),
+        "float": pa.float32(),
+        "double": pa.float64(),
+        "boolean": pa.bool_(),
+        "string": pa.string(),
+        "binary": pa.binary(),
+        "date": pa.date32(),
+        "timestamp": pa.timestamp("us", tz="UTC"),
+    }[kind]
+
+
+def _arrow_column(values: list, kind: str):
+    import pyarrow as pa
+
+    arrow = arrow_type(kind)
+    try:
+        return pa.array(values, arrow)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return pa.array([to_spark_value(value, kind) for value in values], arrow)
 
 
 def changes_frame(spark, columns: list[tuple[str, str]], changes: list[RowChange]):
     schema = spark_schema([*columns, (OP_COLUMN, "string")])
-    return spark.createDataFrame(change_rows(columns, changes), schema, verifySchema=False)
+    return arrow_frame(spark, change_table(columns, changes), schema)
+
+
+def arrow_frame(spark, table, schema):
+    """A DataFrame of an Arrow table, sent to the JVM as Arrow (no pickling, no Python worker): the
+    path `createDataFrame(pandas_df)` takes in Spark 3.5, without the detour through pandas."""
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+    utils = spark.sparkContext._jvm.org.apache.spark.sql.api.python.PythonSQLUtils
+    with tempfile.NamedTemporaryFile(dir=spark.sparkContext._temp_dir, suffix=".arrow", delete=False) as f:
+        with pa.ipc.new_stream(f, table.schema) as writer:
+            for batch in table.to_batches(max_chunksize=ARROW_BATCH_ROWS):
+                writer.write_batch(batch)
+    try:
+        batches = utils.readArrowStreamFromFile(f.name)
+        return DataFrame(utils.toDataFrame(batches, schema.json(), spark._jsparkSession), spark)
+    finally:
+        os.unlink(f.name)
 
 
 def merge_statement(

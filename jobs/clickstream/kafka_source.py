@@ -70,9 +70,10 @@ def plan_ranges(
     """One range per partition; its minimum end is the high watermark, capped at `max_records`."""
     ranges = []
     for p in sorted(partitions):
-        start = starts.get(p, 0)
-        min_end = min((high_watermarks or {}).get(p, 0), start + max_records)
-        ranges.append(OffsetRange(topic, p, start, max_records, max(min_end, start)))
+        start, high = starts.get(p, 0), (high_watermarks or {}).get(p)
+        # 0: unknown (no watermark); otherwise never below the start (nothing new to wait for).
+        min_end = 0 if high is None else max(min(high, start + max_records), start)
+        ranges.append(OffsetRange(topic, p, start, max_records, min_end))
     return ranges
 
 
@@ -309,6 +310,9 @@ def _read_range(reader: _PartitionReader, plan: OffsetRange, settings: FetchSett
     # Wait for the first record only as long as it takes to arrive (consume returns once it has
     # `count` records or the timeout passed, so ask for one), then in polls of up to poll_batch.
     first_poll = settings.warm_first_poll_seconds if reader.warm else settings.first_poll_seconds
+    if 0 < plan.min_end <= plan.start:
+        # The watermark says nothing new was there at planning: a short look is enough.
+        first_poll = settings.idle_poll_seconds
     messages = reader.consume(1, first_poll)
     requested = 1
     # A consumer just (re)assigned has no prefetched records yet and fetches in small steps at
@@ -328,15 +332,17 @@ def _read_range(reader: _PartitionReader, plan: OffsetRange, settings: FetchSett
         if records:
             yield _arrow_batch(plan.partition, records, int(time.time() * 1000))
         # Below the minimum end every record exists: keep reading whatever a poll returns. Past it,
-        # caught up means an empty poll, or a short one once the range has been read for
-        # min_fetch_seconds (librdkafka refills its buffer in fetch-sized chunks, so a short poll
-        # on a busy box says little).
+        # a short poll means caught up. Without a planned end (the broker gave no watermark) only
+        # an empty poll, or a short one after min_fetch_seconds, does: librdkafka refills its
+        # buffer in fetch-sized chunks, so a short poll on a busy box says little by itself.
         elapsed = time.monotonic() - began
-        below_min_end = reader.position is not None and reader.position < plan.min_end
-        short = len(messages) < requested and (elapsed >= settings.min_fetch_seconds or not messages)
         if read >= plan.max_records or elapsed >= settings.max_fetch_seconds:
             break
-        if short and not below_min_end:
+        if reader.position is not None and reader.position < plan.min_end:
+            pass
+        elif len(messages) < requested and (
+            not messages or plan.min_end > 0 or elapsed >= settings.min_fetch_seconds
+        ):
             break
         requested = min(settings.poll_batch, plan.max_records - read)
         messages = reader.consume(requested, max(settings.idle_poll_seconds, ramped_up_at - time.monotonic()))
