@@ -39,6 +39,10 @@ class KafkaConfig:
     # "plaintext" for the local broker; "iam" for MSK (TLS + SASL/OAUTHBEARER via the MSK signer).
     auth: Literal["plaintext", "iam"] = "plaintext"
     region: str | None = None
+    # Producers are idempotent (no duplicates on retry) where the broker keeps its promise: MSK.
+    # The local broker (tansu 0.6.0) acknowledges an idempotent batch it never stored when it is
+    # killed mid-request and restarted (tests/test_faults.py): locally producers retry plainly.
+    idempotent_producer: bool = True
 
     def client_properties(self) -> dict[str, object]:
         """librdkafka properties for this cluster (without the IAM token callback)."""
@@ -127,7 +131,11 @@ class LakehouseConfig:
         m = state["mysql"]
         return cls(
             env="local",
-            kafka=KafkaConfig(bootstrap=state["kafka"]["bootstrap"], topic=state["kafka"]["topic"]),
+            kafka=KafkaConfig(
+                bootstrap=state["kafka"]["bootstrap"],
+                topic=state["kafka"]["topic"],
+                idempotent_producer=False,
+            ),
             mysql=MySqlConfig(
                 host=m["host"],
                 port=int(m["port"]),

@@ -120,7 +120,7 @@ def producer_config(config: LakehouseConfig, bootstrap: str | None = None) -> di
         props["bootstrap.servers"] = bootstrap
     props.update(
         {
-            "enable.idempotence": True,
+            "enable.idempotence": config.kafka.idempotent_producer,
             "acks": "all",
             "linger.ms": 5,
             "batch.num.messages": 10_000,
