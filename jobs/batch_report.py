@@ -33,9 +33,14 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType
 
 from jobs.clickstream.schema import FACT_TABLE, PRODUCTS_TABLE
-from jobs.common.job_args import add_environment_args, config_from_args
+from jobs.common.job_args import (
+    JobArgumentParser,
+    add_environment_args,
+    config_from_args,
+    reports_config_errors,
+)
 from jobs.common.snapshot_progress import retry_commit
-from jobs.config import ConfigError, LakehouseConfig
+from jobs.config import LakehouseConfig
 from jobs.spark_session import build_spark, stop_spark
 
 log = logging.getLogger("batch_report")
@@ -233,7 +238,7 @@ def report_date(value: str) -> date:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = JobArgumentParser(
         prog="lakehouse run report",
         description="Daily click report per member level into lakehouse.ads_behavior.member_daily_report.",
     )
@@ -263,16 +268,13 @@ def settings_from_args(args: argparse.Namespace, config: LakehouseConfig) -> Rep
     )
 
 
+@reports_config_errors
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    try:
-        config = config_from_args(args)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    config = config_from_args(args)
     settings = settings_from_args(args, config)
     spark = build_spark(config, "batch_report")
     try:

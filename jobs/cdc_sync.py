@@ -35,7 +35,12 @@ from jobs.cdc.binlog_reader import BinlogPosition, BinlogReader, DdlEvent, Trans
 from jobs.cdc.change_batch import RowChange, last_change_per_key
 from jobs.cdc.position_check import position_problem
 from jobs.cdc.schema_mapping import UnsupportedType
-from jobs.common.job_args import add_environment_args, config_from_args
+from jobs.common.job_args import (
+    JobArgumentParser,
+    add_environment_args,
+    config_from_args,
+    reports_config_errors,
+)
 from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
 from jobs.common.snapshot_progress import CONCURRENT_WRITER_EXIT, ConcurrentWriterError
 from jobs.config import SOURCE_DATABASE, ConfigError, LakehouseConfig
@@ -397,7 +402,7 @@ class CdcArgs:
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, CdcArgs]:
-    parser = argparse.ArgumentParser(prog="lakehouse run cdc", description=__doc__.split("\n")[0])
+    parser = JobArgumentParser(prog="lakehouse run cdc", description=__doc__.split("\n")[0])
     add_environment_args(parser)
     add_run_mode_args(parser)
     parser.add_argument(
@@ -432,16 +437,13 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, CdcArgs]:
     )
 
 
+@reports_config_errors
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     env_args, args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        config = config_from_args(env_args)
-        specs = [TableSpec.parse(t, config) for t in args.tables]
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    config = config_from_args(env_args)
+    specs = [TableSpec.parse(t, config) for t in args.tables]
 
     from jobs.spark_session import build_spark, stop_spark
 

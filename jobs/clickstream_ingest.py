@@ -35,6 +35,7 @@ from jobs.clickstream.kafka_source import (
     FetchSettings,
     PartitionStats,
     TopicMetadata,
+    check_topic,
     fetch_ranges,
     materialize_with_stats,
     plan_ranges,
@@ -59,7 +60,12 @@ from jobs.clickstream.validation import (
     valid_click_events,
 )
 from jobs.common.fault_injection import crash_point
-from jobs.common.job_args import add_environment_args, config_from_args
+from jobs.common.job_args import (
+    JobArgumentParser,
+    add_environment_args,
+    config_from_args,
+    reports_config_errors,
+)
 from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
 from jobs.common.snapshot_progress import (
     COMMIT_ID_KEY,
@@ -374,7 +380,7 @@ def job_spark_conf() -> dict[str, str]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = JobArgumentParser(
         prog="lakehouse run ingest",
         description="Exactly-once ingest of ClickEvents from Kafka into Iceberg (fact + rejects).",
     )
@@ -405,6 +411,7 @@ def settings_from_args(args: argparse.Namespace, config: LakehouseConfig) -> Ing
     )
 
 
+@reports_config_errors
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(
@@ -412,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     config = config_from_args(args)
     settings = settings_from_args(args, config)
+    check_topic(kafka_client_config(config.kafka), settings.topic)  # before any table is created
     stop = StopRequest().install()
     spark = build_spark(config, "clickstream_ingest", job_spark_conf())
     try:

@@ -17,6 +17,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from jobs.common.job_args import (
+    JobArgumentParser,
+    add_environment_args,
+    config_from_args,
+    reports_config_errors,
+)
 from jobs.config import LakehouseConfig
 
 UIDS = ("513248", "10952", "555655", "795098", "603670", "10001")
@@ -215,9 +221,7 @@ def _progress_bar(total: int):
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from jobs.common.job_args import add_environment_args
-
-    parser = argparse.ArgumentParser(prog="lakehouse gendata", description=__doc__.splitlines()[0])
+    parser = JobArgumentParser(prog="lakehouse gendata", description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, required=True, help="records to send")
     parser.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
     parser.add_argument("--seed", type=int, help="same seed -> same records")
@@ -235,10 +239,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+@reports_config_errors
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
-
-    from jobs.common.job_args import config_from_args
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     config = config_from_args(args)

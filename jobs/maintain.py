@@ -32,7 +32,12 @@ from rich.console import Console
 from rich.filesize import decimal
 from rich.table import Table
 
-from jobs.common.job_args import add_environment_args, config_from_args
+from jobs.common.job_args import (
+    JobArgumentParser,
+    add_environment_args,
+    config_from_args,
+    reports_config_errors,
+)
 from jobs.config import NAMESPACES, LakehouseConfig
 from jobs.maintenance import procedures
 from jobs.maintenance.procedures import TableStats, error_summary, table_stats
@@ -200,7 +205,7 @@ def orphan_min_age(text: str) -> float:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = JobArgumentParser(
         prog="lakehouse run maintain",
         description="Compact, expire snapshots, remove orphan files and rewrite manifests of lake tables.",
     )
@@ -250,6 +255,7 @@ def settings_from_args(args: argparse.Namespace) -> MaintainSettings:
     return MaintainSettings(args.retain_hours, args.retain_last, args.orphan_min_age_hours, args.skip_orphans)
 
 
+@reports_config_errors
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(

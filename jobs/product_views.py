@@ -31,7 +31,12 @@ from pyspark.sql import functions as F
 
 from jobs.clickstream.schema import FACT_TABLE, OFFSETS_KEY
 from jobs.clickstream.validation import offsets_at_or_after
-from jobs.common.job_args import add_environment_args, config_from_args
+from jobs.common.job_args import (
+    JobArgumentParser,
+    add_environment_args,
+    config_from_args,
+    reports_config_errors,
+)
 from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
 from jobs.common.snapshot_progress import (
     CONCURRENT_WRITER_EXIT,
@@ -298,7 +303,7 @@ class ProductViews:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = JobArgumentParser(
         prog="lakehouse run views",
         description="Maintain ads_behavior.product_views incrementally from the click table.",
     )
@@ -316,6 +321,7 @@ def settings_from_args(args: argparse.Namespace, config: LakehouseConfig) -> Vie
     )
 
 
+@reports_config_errors
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)

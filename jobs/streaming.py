@@ -34,7 +34,12 @@ from pathlib import Path
 from typing import Protocol
 
 from jobs.clickstream.offsets import OffsetsRegressed
-from jobs.common.job_args import add_environment_args, config_from_args
+from jobs.common.job_args import (
+    JobArgumentParser,
+    add_environment_args,
+    config_from_args,
+    reports_config_errors,
+)
 from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
 from jobs.common.snapshot_progress import CONCURRENT_WRITER_EXIT, ConcurrentWriterError
 from jobs.config import ConfigError, LakehouseConfig
@@ -360,7 +365,7 @@ class StreamingApplication:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = JobArgumentParser(
         prog="lakehouse run streaming",
         description="CDC, ingest and product views in one Spark application (one thread and FAIR pool each).",
     )
@@ -396,17 +401,14 @@ def job_spark_conf() -> dict[str, str]:
     }
 
 
+@reports_config_errors
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s"
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        config = config_from_args(args)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    config = config_from_args(args)
     options = StreamingOptions(
         jobs=args.jobs,
         mode=RunMode.from_args(args),

@@ -250,6 +250,7 @@ def test_cli_writes_and_prints_the_day(spark, sources: ReportSettings) -> None:
     )
     assert missing.returncode == 2, missing.stderr
     assert "does not exist: run `lakehouse run ingest` first" in missing.stderr
+    assert "Traceback" not in missing.stderr and missing.stderr.count("error:") == 1, missing.stderr
 
 
 # ---- arguments ----------------------------------------------------------------------------------------

@@ -58,16 +58,31 @@ def connection_settings(config: LakehouseConfig, creds: Credentials) -> dict:
     }
 
 
+# Refusals that waiting cannot fix: access denied (1044, 1045, 1698), unknown database (1049).
+REFUSALS = frozenset({1044, 1045, 1049, 1698})
+
+
 def connect(config: LakehouseConfig, creds: Credentials) -> pymysql.Connection:
-    conn = pymysql.connect(
-        host=config.mysql.host,
-        port=config.mysql.port,
-        user=creds.user,
-        password=creds.password,
-        connect_timeout=5,
-        autocommit=True,
-        charset="utf8mb4",
-    )
+    """A connection for the CDC user. Raises ConfigError (not retried) when the server refuses the
+    credentials, pymysql's OperationalError (retried by callers) when it cannot be reached."""
+    try:
+        conn = pymysql.connect(
+            host=config.mysql.host,
+            port=config.mysql.port,
+            user=creds.user,
+            password=creds.password,
+            connect_timeout=5,
+            autocommit=True,
+            charset="utf8mb4",
+        )
+    except pymysql.err.OperationalError as exc:
+        if exc.args and exc.args[0] in REFUSALS:
+            raise ConfigError(
+                f"MySQL {config.mysql.host}:{config.mysql.port} refused user {creds.user!r}: {exc.args[1]}. "
+                "Check the CDC credentials (locally in `lakehouse local status --json`, on AWS the "
+                "secret given by --mysql-cdc-secret-id)"
+            ) from None
+        raise
     with conn.cursor() as cur:
         cur.execute("SET time_zone = '+00:00'")  # TIMESTAMPs as UTC wall time, like the binlog
     return conn

@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 
 from jobs.clickstream.schema import FETCHED_RECORD
 from jobs.clickstream.validation import REQUIRED_FIELDS, ClickEvent, classify_payload, valid_event_values
+from jobs.config import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,22 @@ def _consumer(client_config: dict[str, object]) -> Consumer:
             "socket.timeout.ms": 10_000,
         }
     )
+
+
+def check_topic(client_config: dict[str, object], topic: str, timeout: float = 10.0) -> None:
+    """Before a job starts: raises ConfigError naming the broker and the cause when `topic` cannot
+    be read (broker unreachable, authentication refused, topic missing)."""
+    # Quiet client: the cause is in the error; librdkafka would log each reconnect attempt.
+    metadata = TopicMetadata(lambda: {**client_config, "log_level": 2}, timeout)
+    try:
+        metadata.partitions(topic)
+    except BrokerUnavailable as exc:
+        raise ConfigError(
+            f"Kafka at {client_config['bootstrap.servers']} cannot serve topic {topic!r} ({exc}); is the "
+            "broker up (locally: `lakehouse local status`) and the topic created? Nothing was written."
+        ) from None
+    finally:
+        metadata.close()
 
 
 class TopicMetadata:

@@ -3,9 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import sys
+from collections.abc import Callable
 
-from jobs.config import ENVIRONMENTS, LakehouseConfig
+from jobs.config import ENVIRONMENTS, ConfigError, LakehouseConfig
+
+
+class JobArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one line; the usage is in --help rather than before every error."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def reports_config_errors(main: Callable[..., int]) -> Callable[..., int]:
+    """A job's main that prints a ConfigError (bad settings, refused credentials, unreachable
+    source) as one `error:` line and exits 2 instead of a traceback; raised before any write."""
+
+    @functools.wraps(main)
+    def guarded(*args, **kwargs) -> int:
+        try:
+            return main(*args, **kwargs)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+
+    return guarded
 
 
 def add_environment_args(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +62,7 @@ def config_from_args(args: argparse.Namespace) -> LakehouseConfig:
         if not value
     ]
     if missing:
-        raise SystemExit(f"--env {args.env} needs {', '.join(missing)} (the CDK step passes them)")
+        raise ConfigError(f"--env {args.env} needs {', '.join(missing)} (the CDK step passes them)")
     return LakehouseConfig.aws(
         env=args.env,
         region=args.region,
