@@ -39,9 +39,11 @@ class KafkaConfig:
     # "plaintext" for the local broker; "iam" for MSK (TLS + SASL/OAUTHBEARER via the MSK signer).
     auth: Literal["plaintext", "iam"] = "plaintext"
     region: str | None = None
-    # Producers are idempotent (no duplicates on retry) where the broker keeps its promise: MSK.
-    # The local broker (tansu 0.6.0) acknowledges an idempotent batch it never stored when it is
-    # killed mid-request and restarted (tests/test_faults.py): locally producers retry plainly.
+    # Producers are idempotent where the broker keeps that promise (MSK). The local broker (tansu
+    # 0.6.0) does not: killed mid-request, it acknowledges the retried batch without storing it,
+    # and after its storage restarts an idempotent producer fails every later record
+    # (tests/test_faults.py). Locally, producers retry plainly: nothing acknowledged is lost, and a
+    # crash of the broker can store a retried batch twice.
     idempotent_producer: bool = True
 
     def client_properties(self) -> dict[str, object]:

@@ -132,6 +132,9 @@ def producer_config(config: LakehouseConfig, bootstrap: str | None = None) -> di
             "batch.num.messages": 10_000,
             "queue.buffering.max.messages": 500_000,
             "compression.type": "lz4",
+            # As idempotence would: a few requests in flight per connection (librdkafka's plain
+            # default is 1,000,000, which stalled the local broker for 60 s in a demo run).
+            "max.in.flight.requests.per.connection": 5,
         }
     )
     return props

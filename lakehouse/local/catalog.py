@@ -7,6 +7,7 @@ the writer) and every client waits on a lock instead of failing (busy timeout).
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from pathlib import Path
 
@@ -99,6 +100,8 @@ def pyiceberg_catalog(path: Path, warehouse: Path):
     """A pyiceberg SqlCatalog over the same file (imported lazily: pyiceberg is heavy)."""
     from pyiceberg.catalog.sql import SqlCatalog
 
+    # The file has the JdbcCatalog's V0 schema (tables, no views); pyiceberg warns on every open.
+    logging.getLogger("pyiceberg.catalog.sql").setLevel(logging.ERROR)
     return SqlCatalog(
         CATALOG_NAME,
         uri=f"sqlite:///{path}?timeout={BUSY_TIMEOUT_MS // 1000}",
