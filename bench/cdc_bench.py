@@ -14,7 +14,7 @@ import time
 
 from bench.private_stack import percentiles, private_stack, row
 
-TARGET_RATE = 20_000
+TARGET_RATE = 30_000
 TARGET_RATIO = 0.5
 TARGET_P95_SECONDS = 3.0
 TABLE = "bench_cdc"

@@ -3,8 +3,9 @@
 Measures, in one run: the raw Kafka consume rate (one confluent-kafka consumer, the ceiling), the
 ingest throughput on a backlog (after a small warm-up ingest), and freshness (produced -> visible in
 the table's current snapshot) at a steady produce rate, from a producer in its own process; every
-record counts, one never seen is infinitely late. Sizes: BENCH_BACKLOG (default 1,000,000),
-BENCH_RATE (5000 events/s), BENCH_FRESHNESS_SECONDS (30).
+record counts, one never seen is infinitely late. The backlog is ingested BENCH_RUNS times (5),
+each on a fresh topic with its own raw consume beside it; the worst run counts. Sizes:
+BENCH_BACKLOG (default 1,000,000), BENCH_RATE (5000 events/s), BENCH_FRESHNESS_SECONDS (30).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from bench.private_stack import percentiles, private_stack, row
 
 TARGET_THROUGHPUT = 100_000
-TARGET_RATIO = 0.3
+TARGET_RATIO = 0.6
 TARGET_P95_SECONDS = 3.0
 
 
@@ -82,7 +83,7 @@ def warm_up(spark, config) -> None:
 
 def backlog_throughput(spark, config, topic: str, backlog: int) -> tuple[float, int]:
     """Records per second of wall time, from the first fetch until the last commit is done."""
-    ingest, _ = _ingest(spark, config, topic, config.table("ods_behavior", "bench_backlog"), 200_000)
+    ingest, _ = _ingest(spark, config, topic, config.table("ods_behavior", f"{topic}_fact"), 200_000)
     handled = 0
     began = time.monotonic()
     while handled < backlog:
@@ -230,34 +231,51 @@ def run() -> list[dict]:
         from jobs.spark_session import build_spark
 
         config = LakehouseConfig.local(stack.settings.home)
-        topic = "bench_backlog"
-        _create_topic(config.kafka.bootstrap, topic)
-        summary = produce(producer_config(config), topic, generate_records(backlog, seed=1), backlog)
-        raw = raw_consume_rate(config.kafka.bootstrap, topic, backlog)
         spark = build_spark(config, "clickstream-bench", job_spark_conf())
         warm_up(spark, config)
         load_before = os.getloadavg()[0]
-        throughput, batches = backlog_throughput(spark, config, topic, backlog)
+        runs = []
+        for run_number in range(1, int(os.environ.get("BENCH_RUNS", "5")) + 1):
+            topic = f"bench_backlog_{run_number}"
+            _create_topic(config.kafka.bootstrap, topic)
+            summary = produce(
+                producer_config(config), topic, generate_records(backlog, seed=run_number), backlog
+            )
+            raw = raw_consume_rate(config.kafka.bootstrap, topic, backlog)
+            throughput, batches = backlog_throughput(spark, config, topic, backlog)
+            runs.append((throughput, batches, raw, summary.rate))
+            print(
+                f"run {run_number}: {throughput:,.0f} ev/s in {batches} batches, raw {raw:,.0f} ev/s",
+                flush=True,
+            )
         latencies, missing = freshness(spark, config, stack.settings.catalog_path, rate, fresh_seconds)
         load_after = os.getloadavg()[0]
         spark.stop()
     # A record that never became visible counts as infinitely late, not as absent.
     p50, p95 = percentiles(latencies + [float("inf")] * missing)
+    worst = min(runs)
+    worst_ratio = min(t / r for t, _, r, _ in runs)
     return [
         row("load average (1 min) before / after", f"{load_before:.1f} / {load_after:.1f}"),
-        row("produce rate (gendata, setup)", f"{summary.rate:,.0f} ev/s"),
-        row("raw consume rate (ceiling)", f"{raw:,.0f} ev/s"),
+        row("produce rate (gendata, setup), worst run", f"{min(r[3] for r in runs):,.0f} ev/s"),
+        *[
+            row(
+                f"run {i}: ingest {backlog:,} backlog ({b} batches) / raw consume",
+                f"{t:,.0f} / {r:,.0f} ev/s",
+            )
+            for i, (t, b, r, _) in enumerate(runs, 1)
+        ],
         row(
-            f"ingest throughput, {backlog:,} backlog ({batches} batches)",
-            f"{throughput:,.0f} ev/s",
+            f"ingest throughput, worst of {len(runs)} runs",
+            f"{worst[0]:,.0f} ev/s ({worst[1]} batches)",
             f">= {TARGET_THROUGHPUT:,} ev/s",
-            throughput >= TARGET_THROUGHPUT,
+            worst[0] >= TARGET_THROUGHPUT,
         ),
         row(
-            "ingest / raw consume",
-            f"{throughput / raw:.2f}x",
+            "ingest / raw consume in the same run, worst",
+            f"{worst_ratio:.2f}x",
             f">= {TARGET_RATIO}x",
-            throughput / raw >= TARGET_RATIO,
+            worst_ratio >= TARGET_RATIO,
         ),
         row(
             f"freshness p50 at {rate:,.0f} ev/s ({len(latencies):,} events, {missing:,} never visible)",

@@ -1,5 +1,6 @@
 """The demo's load, measured from outside the demo: `lakehouse demo` on a private stack, BENCH_DEMO_RUNS
-times (default 3) of BENCH_DEMO_SECONDS (default 60) at 200 clicks/s.
+times (default 3) of BENCH_DEMO_SECONDS (default 60) at 200 clicks/s; BENCH_DEMO_RATES=1000,5000
+runs the same at other rates (the highest steady rate that keeps the ingest's p95 <= 5 s).
 
 Per run, besides what the demo prints, this computes from Kafka and the lake alone, after the run:
 - click freshness: each record's Kafka timestamp (set by the producer) -> the commit time of the
@@ -35,13 +36,15 @@ REPO = Path(__file__).resolve().parent.parent
 def run() -> list[dict]:
     runs = int(os.environ.get("BENCH_DEMO_RUNS", 3))
     seconds = float(os.environ.get("BENCH_DEMO_SECONDS", 60))
+    rates = [int(rate) for rate in os.environ.get("BENCH_DEMO_RATES", str(RATE)).split(",")]
     rows = []
-    for index in range(1, runs + 1):
-        rows += _one_run(index, seconds)
+    for rate in rates:
+        for index in range(1, runs + 1):
+            rows += _one_run(index, seconds, rate)
     return rows
 
 
-def _one_run(index: int, seconds: float) -> list[dict]:
+def _one_run(index: int, seconds: float, rate: int) -> list[dict]:
     from bench.private_stack import _free_port_base
 
     home = Path(tempfile.mkdtemp(prefix="lakehouse-bench-demo-"))
@@ -59,7 +62,7 @@ def _one_run(index: int, seconds: float) -> list[dict]:
     sampler.start()
     try:
         demo = subprocess.run(
-            [lakehouse, "demo", "--seconds", str(seconds), "--rate", str(RATE)],
+            [lakehouse, "demo", "--seconds", str(seconds), "--rate", str(rate)],
             cwd=REPO, env={**env, "COLUMNS": "160"}, capture_output=True, text=True, timeout=1800,
         )  # fmt: skip
         stop.set()
@@ -74,7 +77,7 @@ def _one_run(index: int, seconds: float) -> list[dict]:
     views_p50, views_p95 = percentiles(measured["views"])
     agree = shown is not None and abs(shown[1] - click_p95) <= AGREEMENT * click_p95
     rss_gib = peak["rss"] / 1024**3
-    prefix = f"run {index}: "
+    prefix = f"run {index}: " if rate == RATE else f"run {index} at {rate:,}/s: "
     demo_figure = "n/a" if shown is None else f"{shown[0]:.2f}s / {shown[1]:.2f}s"
     return [
         row(prefix + "click freshness p50 / p95 (outside)", f"{click_p50:.2f}s / {click_p95:.2f}s",
