@@ -10,9 +10,9 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 DEMO_SECONDS ?= 120
 
-.PHONY: setup system jars cli demo test test-fast bench synth lint package clean
+.PHONY: setup system jars cli scanner demo test test-fast bench synth lint package clean
 
-setup: system $(STAMP) jars cli ## Install everything (idempotent; fast when done)
+setup: system $(STAMP) jars cli scanner ## Install everything (idempotent; fast when done)
 
 system:
 	@scripts/setup-system.sh
@@ -25,6 +25,16 @@ $(STAMP): pyproject.toml
 
 jars: $(STAMP)
 	@scripts/build_iceberg_jars.sh $(VENV)
+
+# checkov (second IaC scanner, tests/infra/test_infra_checkov.py) pins libraries the project's own
+# venv also uses: it gets a venv of its own.
+CHECKOV_STAMP := .tools/checkov/.installed
+scanner: $(CHECKOV_STAMP)
+$(CHECKOV_STAMP): scripts/checkov-requirements.txt
+	@test -x .tools/checkov/bin/python || python3 -m venv .tools/checkov
+	.tools/checkov/bin/pip install -q --upgrade pip
+	.tools/checkov/bin/pip install -q -r scripts/checkov-requirements.txt
+	@touch $@
 
 cli: $(CDK)
 $(CDK): package.json

@@ -40,6 +40,10 @@ class NetworkSettings:
 class StorageSettings:
     access_log_expiration: Duration
     athena_results_expiration: Duration
+    # prod keeps every overwritten or deleted object (warehouse, artifacts) this long as a
+    # noncurrent version: the undo window for a bad job or a mistaken delete. dev keeps none, so
+    # `cdk destroy` empties the buckets in one pass and the demo pays for no old versions.
+    noncurrent_version_expiration: Duration | None
 
 
 @dataclass(frozen=True)
@@ -214,6 +218,7 @@ _DEV = DeploymentConfig(
     storage=StorageSettings(
         access_log_expiration=Duration.days(30),
         athena_results_expiration=Duration.days(7),
+        noncurrent_version_expiration=None,
     ),
     streaming=StreamingSettings(
         kafka_version=KAFKA_VERSION,
@@ -274,6 +279,7 @@ _PROD = replace(
     storage=StorageSettings(
         access_log_expiration=Duration.days(365),
         athena_results_expiration=Duration.days(30),
+        noncurrent_version_expiration=Duration.days(30),
     ),
     streaming=StreamingSettings(
         kafka_version=KAFKA_VERSION,

@@ -14,6 +14,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
+from infra.checkov import AcceptedLambdaFindings
 from infra.config import DeploymentConfig
 from infra.constructs.emr_compute import EmrCompute
 from infra.constructs.job_deployment import JobDeployment
@@ -139,7 +140,7 @@ class ComputeStack(_LakehouseStack):
         lake.grant_artifacts_read(role)
         lake.grant_emr_logs_write(role)
         streaming.grant_produce_consume(role)
-        source_database.cdc_secret.grant_read(role)
+        source_database.grant_cdc_secret_read(role)
         for group in self.compute.node_security_groups:
             streaming.security_group.add_ingress_rule(
                 group, ec2.Port.tcp(MSK_IAM_PORT), "EMR to MSK (IAM/TLS)", True
@@ -276,6 +277,7 @@ class LakehouseStacks:
         self.jobs.add_stack_dependency(self.lake)
         for stack in self.all:
             Aspects.of(stack).add(LogGroupPolicy(config.removal_policy, config.log_retention_cap_days))
+            Aspects.of(stack).add(AcceptedLambdaFindings())
             Tags.of(stack).add("project", "lakehouse")
             Tags.of(stack).add("environment", config.env_name)
 

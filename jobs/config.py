@@ -19,6 +19,8 @@ NAMESPACES = ("dim_db", "ods_behavior", "ads_behavior")
 CLICK_TOPIC = "clicktopic"
 CLICK_TOPIC_PARTITIONS = 3
 SOURCE_DATABASE = "user_db"
+# Amazon RDS CA certificates (scripts/update-rds-ca-bundle.sh): RDS requires TLS and the jobs verify it.
+RDS_CA_BUNDLE = Path(__file__).with_name("rds-ca-bundle.pem")
 STATE_FILE = "stack.json"
 # How long a local SQLite catalog client waits for another process's lock instead of failing.
 SQLITE_BUSY_TIMEOUT_MS = 60_000
@@ -67,6 +69,15 @@ class MySqlConfig:
     secret_id: str | None = None
     cdc_secret_id: str | None = None
     server_id: int = 4201  # replication client id; must differ from the server's own
+    # CA certificates the server's certificate is verified against (host name included); None
+    # connects without TLS. On AWS: the RDS CA bundle shipped in the jobs package.
+    ssl_ca: str | None = None
+
+    def tls_options(self) -> dict[str, object]:
+        """PyMySQL connect arguments for this server's TLS (empty without a CA)."""
+        if self.ssl_ca is None:
+            return {}
+        return {"ssl_ca": self.ssl_ca, "ssl_verify_cert": True, "ssl_verify_identity": True}
 
     def __repr__(self) -> str:  # never leak passwords into logs
         return f"MySqlConfig(host={self.host!r}, port={self.port}, database={self.database!r})"
@@ -177,7 +188,9 @@ class LakehouseConfig:
             env=env,
             region=region,
             kafka=KafkaConfig(bootstrap=kafka_bootstrap, auth="iam", region=region),
-            mysql=MySqlConfig(host=mysql_host, port=mysql_port, cdc_secret_id=mysql_cdc_secret_id),
+            mysql=MySqlConfig(
+                host=mysql_host, port=mysql_port, cdc_secret_id=mysql_cdc_secret_id, ssl_ca=str(RDS_CA_BUNDLE)
+            ),
             catalog=CatalogConfig(warehouse=warehouse, kind="glue"),
             spark=SparkConfig(master=None, driver_memory="4g", shuffle_partitions=32),
             checkpoint_dir=checkpoint_dir,

@@ -104,8 +104,8 @@ def requirement_lines() -> tuple[str, ...]:
     return tuple(line for line in lines if line and not line.startswith("#"))
 
 
-# Besides the modules: the streaming application's FAIR scheduler pools.
-JOB_DATA_FILES = ("*.xml",)
+# Besides the modules: the streaming application's FAIR scheduler pools, the RDS CA bundle.
+JOB_DATA_FILES = ("*.xml", "*.pem")
 
 
 def _job_sources() -> list[Path]:

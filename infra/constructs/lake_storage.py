@@ -9,6 +9,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from infra.checkov import skip_check
 from infra.config import StorageSettings
 from infra.nag import acknowledge, acknowledge_wildcard_resources, aws_arn
 from jobs.config import NAMESPACES
@@ -95,9 +96,23 @@ class LakeStorage(Construct):
             "AwsSolutions-S1",
             "This is the access-log target bucket itself; logging it into itself would loop.",
         )
+        skip_check(
+            self.logs_bucket,
+            "CKV_AWS_18",
+            "This is the access-log target bucket itself; logging it into itself would loop.",
+        )
+        skip_check(
+            self.logs_bucket,
+            "CKV_AWS_21",
+            "Logs are written once by AWS services and expire; nothing overwrites them to undo.",
+        )
+        versions = settings.noncurrent_version_expiration
 
-        def data_bucket(bucket_id: str, name: str, log_prefix: str, **extra) -> s3.Bucket:
-            return s3.Bucket(
+        def data_bucket(bucket_id: str, name: str, log_prefix: str, lifecycle_rules=()) -> s3.Bucket:
+            keep_versions = [
+                s3.LifecycleRule(id="expire-noncurrent-versions", noncurrent_version_expiration=versions)
+            ]
+            bucket = s3.Bucket(
                 self,
                 bucket_id,
                 bucket_name=name,
@@ -109,8 +124,17 @@ class LakeStorage(Construct):
                 server_access_logs_prefix=f"s3-access/{log_prefix}/",
                 removal_policy=removal_policy,
                 auto_delete_objects=auto_delete,
-                **extra,
+                versioned=versions is not None,
+                lifecycle_rules=[*lifecycle_rules, *(keep_versions if versions is not None else [])] or None,
             )
+            if versions is None:
+                skip_check(
+                    bucket,
+                    "CKV_AWS_21",
+                    "dev: demo data that `cdk destroy` deletes; versions would only slow the teardown "
+                    "and bill old Iceberg files. prod keeps noncurrent versions (StorageSettings).",
+                )
+            return bucket
 
         # Iceberg data and metadata of every table; Athena's query results in their own prefix.
         self.warehouse_bucket = data_bucket(

@@ -55,6 +55,7 @@ def connection_settings(config: LakehouseConfig, creds: Credentials) -> dict:
         "user": creds.user,
         "password": creds.password,
         "connect_timeout": 5,
+        **config.mysql.tls_options(),
     }
 
 
@@ -74,6 +75,7 @@ def connect(config: LakehouseConfig, creds: Credentials) -> pymysql.Connection:
             connect_timeout=5,
             autocommit=True,
             charset="utf8mb4",
+            **config.mysql.tls_options(),
         )
     except pymysql.err.OperationalError as exc:
         if exc.args and exc.args[0] in REFUSALS:

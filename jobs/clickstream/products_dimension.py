@@ -64,6 +64,7 @@ def fetch_source_products(config: LakehouseConfig) -> list[tuple]:
             password=password,
             database=config.mysql.database,
             connect_timeout=10,
+            **config.mysql.tls_options(),
         )
     except pymysql.err.OperationalError as exc:
         raise RuntimeError(
