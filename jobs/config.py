@@ -157,6 +157,7 @@ class LakehouseConfig:
                 password=m["password"],
                 cdc_user=m["cdc_user"],
                 cdc_password=m["cdc_password"],
+                ssl_ca=m.get("ssl_ca"),
             ),
             catalog=CatalogConfig(
                 warehouse=state["catalog"]["warehouse"],

@@ -32,10 +32,20 @@ def _status(env) -> tuple[int, dict]:
     return result.returncode, json.loads(result.stdout)
 
 
-def _mysql(state: dict, user_key: str = "user", password_key: str = "password"):
+def _tls(state: dict) -> dict:
+    """PyMySQL arguments that verify the local server against the stack's CA."""
+    return {"ssl_ca": state["mysql"]["ssl_ca"], "ssl_verify_cert": True, "ssl_verify_identity": True}
+
+
+def _mysql(state: dict, user_key: str = "user", password_key: str = "password", **extra):
     m = state["mysql"]
     return pymysql.connect(
-        host=m["host"], port=m["port"], user=m[user_key], password=m[password_key], database=m["database"]
+        host=m["host"],
+        port=m["port"],
+        user=m[user_key],
+        password=m[password_key],
+        database=m["database"],
+        **{**_tls(state), **extra},
     )
 
 
@@ -118,6 +128,7 @@ def _binlog_rows(state: dict, table: str) -> list[dict]:
             "port": m["port"],
             "user": m["cdc_user"],
             "passwd": m["cdc_password"],
+            **_tls(state),
         },
         server_id=4999,
         resume_stream=True,
@@ -262,3 +273,23 @@ def test_down_purge_removes_all_state(tmp_path):
     run_cli("local", "down", "--purge", env=env)
     assert not (tmp_path / "purge-me").exists()
     assert run_cli("local", "status", env=env, check=False).returncode == 1
+
+
+def test_the_cdc_user_must_use_tls_and_the_server_is_verified(private_env, tmp_path):
+    _, state = _status(private_env)
+    with _mysql(state, "cdc_user", "cdc_password") as conn, conn.cursor() as cur:
+        cur.execute("SHOW STATUS LIKE 'Ssl_version'")
+        assert cur.fetchone()[1].startswith("TLS")
+    # Without TLS the server refuses the CDC user (access denied, not a network error).
+    with pytest.raises(pymysql.err.OperationalError) as refused:
+        _mysql(state, "cdc_user", "cdc_password", ssl_ca=None, ssl_verify_cert=None, ssl_verify_identity=None,
+               ssl_disabled=True)  # fmt: skip
+    assert refused.value.args[0] == 1045
+    # A client that trusts another CA does not accept this server.
+    from lakehouse.local.tls import ensure_server_tls
+
+    other = ensure_server_tls(tmp_path / "other", "127.0.0.1")
+    with pytest.raises(
+        pymysql.err.OperationalError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"
+    ):
+        _mysql(state, "cdc_user", "cdc_password", ssl_ca=str(other.ca))

@@ -14,6 +14,7 @@ from jobs.config import SOURCE_DATABASE
 from lakehouse import seed_data
 from lakehouse.local.process import ManagedProcess, StackError
 from lakehouse.local.settings import StackSettings
+from lakehouse.local.tls import ServerTls, ensure_server_tls
 
 APP_USER = "lakehouse_app"
 CDC_USER = "lakehouse_cdc"
@@ -47,10 +48,14 @@ class MariaDb:
         return self.settings.run_dir / "mariadb.sock"
 
     @property
+    def tls_dir(self) -> Path:
+        return self.settings.mysql_dir / "tls"
+
+    @property
     def defaults_file(self) -> Path:
         return self.settings.mysql_dir / "my.cnf"
 
-    def _write_defaults(self) -> None:
+    def _write_defaults(self, tls: ServerTls) -> None:
         as_root = os.geteuid() == 0
         # Note: binlog_row_metadata=FULL makes the binlog carry column names (else UNKNOWN_COLn);
         # UTC so TIMESTAMP values read from the binlog need no zone guessing. sync_binlog=1 and
@@ -83,6 +88,10 @@ class MariaDb:
                     "innodb_buffer_pool_size=128M",
                     "innodb_log_file_size=64M",
                     "max_connections=200",
+                    # TLS as on RDS: the CDC user must use it, and the jobs verify this certificate.
+                    f"ssl-ca={tls.ca}",
+                    f"ssl-cert={tls.certificate}",
+                    f"ssl-key={tls.key}",
                     "",
                 ]
             )
@@ -93,7 +102,7 @@ class MariaDb:
             return
         self.settings.mysql_dir.mkdir(parents=True, exist_ok=True)
         self.settings.log_dir.mkdir(parents=True, exist_ok=True)
-        self._write_defaults()
+        self._write_defaults(ensure_server_tls(self.tls_dir, self.settings.host))
         if not (self.datadir / "mysql").exists():
             self._install_datadir()
         self.process.start([_server_binary(), f"--defaults-file={self.defaults_file}"])
@@ -143,7 +152,7 @@ class MariaDb:
                 f"ALTER USER '{APP_USER}'@'{host}' IDENTIFIED BY '{app_pw}'",
                 f"GRANT ALL PRIVILEGES ON {SOURCE_DATABASE}.* TO '{APP_USER}'@'{host}'",
                 f"CREATE USER IF NOT EXISTS '{CDC_USER}'@'{host}' IDENTIFIED BY '{cdc_pw}'",
-                f"ALTER USER '{CDC_USER}'@'{host}' IDENTIFIED BY '{cdc_pw}'",
+                f"ALTER USER '{CDC_USER}'@'{host}' IDENTIFIED BY '{cdc_pw}' REQUIRE SSL",
                 # Exactly what a binlog reader needs, nothing more.
                 f"GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO '{CDC_USER}'@'{host}'",
             ]

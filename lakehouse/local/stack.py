@@ -100,6 +100,8 @@ class LocalStack:
                 "database": SOURCE_DATABASE,
                 "cdc_user": CDC_USER,
                 "cdc_password": secrets.get("mysql_cdc_password"),
+                # The CA that signed MariaDB's certificate: clients verify the server against it.
+                "ssl_ca": str(self.mariadb.tls_dir / "ca.pem"),
                 "healthy": parts["mysql"],
                 "pid": self.mariadb.process.pid(),
                 "log": str(s.log_dir / "mariadb-error.log"),
