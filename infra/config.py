@@ -55,6 +55,9 @@ class StreamingSettings:
     topic_replication_factor: int
     min_insync_replicas: int
     broker_log_retention: logs.RetentionDays
+    # How long the brokers keep records (log.retention.hours): an ingest that falls further behind
+    # loses data, so its lag alarms at half of it.
+    topic_retention_hours: int
     # DEFAULT already has KafkaDataLogsDiskUsed (the disk alarm); PER_BROKER adds paid metrics.
     enhanced_monitoring: str
 
@@ -103,9 +106,20 @@ class JobSettings:
 
 
 @dataclass(frozen=True)
+class PipelineAlarmSettings:
+    """Thresholds of the pipeline's own alarms (infra/constructs/pipeline_health.py)."""
+
+    freshness_seconds: int  # a table's lag (now - newest record applied) above this alarms
+    no_click_commit_minutes: int  # no click-table commit this long while MSK receives bytes
+    rejects_ratio: float  # rejects / records in, over 15 minutes
+    max_step_restarts_per_hour: int  # the supervisor restarting streaming steps more often
+
+
+@dataclass(frozen=True)
 class MonitoringSettings:
     rds_free_storage_alarm_bytes: int
     msk_disk_used_alarm_percent: int
+    pipeline: PipelineAlarmSettings
     alarm_email: str | None = None
 
 
@@ -139,6 +153,11 @@ class DeploymentConfig:
     @property
     def database_removal_policy(self) -> RemovalPolicy:
         return RemovalPolicy.SNAPSHOT if self.retain_data else RemovalPolicy.DESTROY
+
+    @property
+    def metrics_namespace(self) -> str:
+        """Where the jobs and the supervisor publish (jobs/common/metrics.py uses the same form)."""
+        return f"Lakehouse/{self.env_name}"
 
     def stack_name(self, concern: str) -> str:
         return f"Lakehouse-{self.env_name}-{concern}"
@@ -228,6 +247,7 @@ _DEV = DeploymentConfig(
         topic_replication_factor=2,
         min_insync_replicas=1,
         broker_log_retention=logs.RetentionDays.ONE_WEEK,
+        topic_retention_hours=168,
         enhanced_monitoring="DEFAULT",
     ),
     source_database=SourceDatabaseSettings(
@@ -254,6 +274,13 @@ _DEV = DeploymentConfig(
     monitoring=MonitoringSettings(
         rds_free_storage_alarm_bytes=2 * 1024**3,
         msk_disk_used_alarm_percent=80,
+        # dev: a demo idles and restarts often; alarms only for what needs a look the same day
+        pipeline=PipelineAlarmSettings(
+            freshness_seconds=600,
+            no_click_commit_minutes=15,
+            rejects_ratio=0.2,
+            max_step_restarts_per_hour=6,
+        ),
     ),
     jobs=JobSettings(
         report_hour_utc=23,
@@ -289,6 +316,7 @@ _PROD = replace(
         topic_replication_factor=3,
         min_insync_replicas=2,
         broker_log_retention=logs.RetentionDays.THREE_MONTHS,
+        topic_retention_hours=168,
         enhanced_monitoring="PER_BROKER",
     ),
     source_database=SourceDatabaseSettings(
@@ -315,6 +343,12 @@ _PROD = replace(
     monitoring=MonitoringSettings(
         rds_free_storage_alarm_bytes=10 * 1024**3,
         msk_disk_used_alarm_percent=75,
+        pipeline=PipelineAlarmSettings(
+            freshness_seconds=120,
+            no_click_commit_minutes=5,
+            rejects_ratio=0.05,
+            max_step_restarts_per_hour=3,
+        ),
     ),
     jobs=JobSettings(
         report_hour_utc=23,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from aws_cdk import App, Aspects, Aws, CfnOutput, Environment, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
@@ -21,10 +22,12 @@ from infra.constructs.job_deployment import JobDeployment
 from infra.constructs.lake_storage import LakeStorage
 from infra.constructs.monitoring import Monitoring
 from infra.constructs.network import Network
+from infra.constructs.pipeline_health import PipelineHealth
 from infra.constructs.source_database import MYSQL_PORT, SourceDatabase
 from infra.constructs.streaming import MSK_IAM_PORT, Streaming
 from infra.emr_steps import JobArtifacts
 from infra.log_groups import LogGroupPolicy
+from infra.nag import acknowledge
 from lakehouse.emr_package import architectures_for
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -141,6 +144,20 @@ class ComputeStack(_LakehouseStack):
         lake.grant_emr_logs_write(role)
         streaming.grant_produce_consume(role)
         source_database.grant_cdc_secret_read(role)
+        # The jobs' per-batch metrics (jobs/common/metrics.py), in this environment's namespace only.
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["cloudwatch:PutMetricData"],
+                resources=["*"],
+                conditions={"StringEquals": {"cloudwatch:namespace": config.metrics_namespace}},
+            )
+        )
+        acknowledge(
+            role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "cloudwatch:PutMetricData has no resource-level permissions; the statement is limited to "
+            "this environment's namespace by the cloudwatch:namespace condition.",
+        )
         for group in self.compute.node_security_groups:
             streaming.security_group.add_ingress_rule(
                 group, ec2.Port.tcp(MSK_IAM_PORT), "EMR to MSK (IAM/TLS)", True
@@ -195,7 +212,19 @@ class MonitoringStack(_LakehouseStack):
             msk_broker_count=streaming.broker_count,
             database_stopped=config.parked,
         )
+        self.pipeline_health = PipelineHealth(
+            self,
+            "PipelineHealth",
+            namespace=config.metrics_namespace,
+            settings=config.monitoring.pipeline,
+            topic_retention_hours=config.streaming.topic_retention_hours,
+            topic=self.monitoring.topic,
+            msk_cluster_name=streaming.cluster_name,
+            msk_broker_count=streaming.broker_count,
+            database=source_database.instance,
+        )
         CfnOutput(self, "AlertsTopicArn", value=self.monitoring.topic.topic_arn)
+        CfnOutput(self, "DashboardName", value=self.pipeline_health.dashboard.dashboard_name)
 
 
 class JobsStack(_LakehouseStack):
@@ -223,6 +252,7 @@ class JobsStack(_LakehouseStack):
             alert_topic=monitoring.topic,
             settings=config.jobs,
             removal_policy=config.removal_policy,
+            metrics_namespace=config.metrics_namespace,
         )
         CfnOutput(self, "JobsVersion", value=package_dir.name)
         if self.jobs.supervisor is None:

@@ -41,6 +41,7 @@ from jobs.common.job_args import (
     config_from_args,
     reports_config_errors,
 )
+from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink, guarded, metrics_sink_for
 from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
 from jobs.common.snapshot_progress import CONCURRENT_WRITER_EXIT, ConcurrentWriterError
 from jobs.config import SOURCE_DATABASE, ConfigError, LakehouseConfig
@@ -119,6 +120,7 @@ class CdcSync:
         on_commit: Callable[[str, list[RowChange], float], None] | None = None,
         connect_timeout: float = 120.0,
         progress_seconds: float = PROGRESS_SECONDS,
+        metrics: MetricsSink = NO_METRICS,
     ) -> None:
         self.spark = spark
         self.config = config
@@ -129,6 +131,7 @@ class CdcSync:
         self.on_commit = on_commit
         self.connect_timeout = connect_timeout
         self.progress_seconds = progress_seconds
+        self.metrics = guarded(metrics)
         self.credentials = source_db.cdc_credentials(config)
         self.tables: dict[tuple[str, str], TableState] = {}
         self.reader: BinlogReader | None = None
@@ -244,6 +247,7 @@ class CdcSync:
         if self.reader.fatal is not None:
             self._fail_all(f"binlog unreadable from {self.reader.position}: {self.reader.fatal}")
             return 0
+        began = time.monotonic()
         # Read before draining: every transaction ending at or before it is then drained or applied.
         read_up_to = self.reader.position
         transactions, ddl, drained_all = self._drain()
@@ -267,6 +271,17 @@ class CdcSync:
                 report.lag_seconds,
             )
             self.last_report = report
+            for target, changes in report.changes.items():
+                self.metrics.record(
+                    BatchMetrics(
+                        job="cdc",
+                        table=target,
+                        records_in=changes,
+                        batch_seconds=time.monotonic() - began,
+                        commit_seconds=report.commit_ms / 1000,
+                        lag_seconds=report.lag_seconds,
+                    )
+                )
         return sum(report.changes.values())
 
     def _apply(self, transactions: list[Transaction], report: BatchReport) -> None:
@@ -456,10 +471,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         resync=args.resync,
         server_id=args.server_id,
         progress_seconds=args.progress_seconds,
+        metrics=metrics_sink_for(config),
     )
     try:
         return run_sync(sync, args.mode, stop)
     finally:
+        sync.metrics.close()
         stop_spark(spark)
 
 

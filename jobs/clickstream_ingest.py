@@ -66,6 +66,7 @@ from jobs.common.job_args import (
     config_from_args,
     reports_config_errors,
 )
+from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink, guarded, metrics_sink_for
 from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
 from jobs.common.snapshot_progress import (
     COMMIT_ID_KEY,
@@ -137,11 +138,14 @@ class ClickstreamIngest:
         config: LakehouseConfig,
         settings: IngestSettings,
         stop: StopRequest | None = None,
+        metrics: MetricsSink = NO_METRICS,
     ) -> None:
         self.spark = spark
         self.config = config
         self.settings = settings
         self.stop = stop or StopRequest()
+        self.metrics = guarded(metrics)
+        self._watermarks: dict[int, int] = {}  # each partition's high watermark at the last planning
         self.batches = 0
         self.last_lag_seconds: float | None = None  # now - the newest Kafka timestamp, after commit
         kafka: KafkaConfig = config.kafka
@@ -192,6 +196,20 @@ class ClickstreamIngest:
         self.last_lag_seconds = result.lag_seconds
         self.batches += 1
         self._log_batch(result)
+        self.metrics.record(
+            BatchMetrics(
+                job="ingest",
+                table=self.settings.fact_table.split(".", 1)[-1],
+                records_in=result.records,
+                rejects=result.rejects,
+                batch_seconds=time.monotonic() - began,
+                commit_seconds=result.commit_ms / 1000,
+                lag_seconds=result.lag_seconds,
+                offset_lag={
+                    p: max(0, hw - self.fact.offsets.get(p, hw)) for p, hw in self._watermarks.items()
+                },
+            )
+        )
         return result.records
 
     def finish(self) -> None:
@@ -240,13 +258,14 @@ class ClickstreamIngest:
             try:
                 partitions = self._metadata.partitions(self.settings.topic)
                 _, _, starts = self._starts(partitions)
+                self._watermarks = self._metadata.high_watermarks(self.settings.topic, partitions)
                 ranges = plan_ranges(
                     self.settings.topic,
                     partitions,
                     starts,
                     self.settings.fetch.max_records_per_partition,
                     # Each range reads at least up to here whatever single polls return.
-                    self._metadata.high_watermarks(self.settings.topic, partitions),
+                    self._watermarks,
                 )
                 fetched = fetch_ranges(self.spark, self._client_config_factory, ranges, self.settings.fetch)
                 # Materialized once: both tables and the end offsets come from the same records. The
@@ -422,8 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     check_topic(kafka_client_config(config.kafka), settings.topic)  # before any table is created
     stop = StopRequest().install()
     spark = build_spark(config, "clickstream_ingest", job_spark_conf())
+    metrics = metrics_sink_for(config)
     try:
-        ingest = ClickstreamIngest(spark, config, settings, stop)
+        ingest = ClickstreamIngest(spark, config, settings, stop, metrics)
         ingest.prepare()
         total = run_batches(ingest.run_batch, RunMode.from_args(args), stop)
         ingest.finish()
@@ -435,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return 1
     finally:
+        metrics.close()
         stop_spark(spark)
     return 0
 

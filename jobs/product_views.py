@@ -37,6 +37,7 @@ from jobs.common.job_args import (
     config_from_args,
     reports_config_errors,
 )
+from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink, guarded, metrics_sink_for
 from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
 from jobs.common.snapshot_progress import (
     CONCURRENT_WRITER_EXIT,
@@ -190,9 +191,12 @@ class ViewsSettings:
 class ProductViews:
     """Holds the watermark between batches; `run_batch` is one incremental update."""
 
-    def __init__(self, spark: SparkSession, settings: ViewsSettings) -> None:
+    def __init__(
+        self, spark: SparkSession, settings: ViewsSettings, metrics: MetricsSink = NO_METRICS
+    ) -> None:
         self.spark = spark
         self.settings = settings
+        self.metrics = guarded(metrics)
         self.topic = ANY_TOPIC
         self.watermark: Watermark = {}
         self.batches = 0
@@ -212,6 +216,7 @@ class ProductViews:
         return self._main_snapshot(self.settings.clicks_table)
 
     def run_batch(self) -> int:
+        batch_began = time.monotonic()
         if not self.spark.catalog.tableExists(self.settings.clicks_table):
             return 0  # the ingest has not created it yet
         snapshot = self._clicks_snapshot()
@@ -248,6 +253,16 @@ class ProductViews:
             watermark_summary(topic, delta.watermark),
             snapshot,
             (time.monotonic() - began) * 1000,
+        )
+        self.metrics.record(
+            BatchMetrics(
+                job="views",
+                table=self.settings.views_table.split(".", 1)[-1],
+                records_in=delta.views,
+                batch_seconds=time.monotonic() - batch_began,
+                commit_seconds=time.monotonic() - began,
+                lag_seconds=self.last_lag_seconds,
+            )
         )
         if self.on_commit:
             self.on_commit(delta, snapshot)
@@ -329,8 +344,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = config_from_args(args)
     stop = StopRequest().install()
     spark = build_spark(config, "product_views")
+    metrics = metrics_sink_for(config)
     try:
-        views = ProductViews(spark, settings_from_args(args, config))
+        views = ProductViews(spark, settings_from_args(args, config), metrics)
         views.prepare()
         total = run_batches(views.run_batch, RunMode.from_args(args), stop)
         log.info("stopped after %d batches, %d views counted", views.batches, total)
@@ -341,6 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("%s", exc)
         return 1
     finally:
+        metrics.close()
         stop_spark(spark)
     return 0
 

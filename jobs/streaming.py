@@ -40,6 +40,7 @@ from jobs.common.job_args import (
     config_from_args,
     reports_config_errors,
 )
+from jobs.common.metrics import NO_METRICS, MetricsSink, metrics_sink_for
 from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
 from jobs.common.snapshot_progress import CONCURRENT_WRITER_EXIT, ConcurrentWriterError
 from jobs.config import ConfigError, LakehouseConfig
@@ -94,10 +95,11 @@ class StreamingOptions:
 
 
 class CdcJob:
-    def __init__(self, spark, config: LakehouseConfig, until_idle: bool) -> None:
+    def __init__(self, spark, config: LakehouseConfig, until_idle: bool, metrics: MetricsSink) -> None:
         from jobs.cdc_sync import DEFAULT_TABLES, CdcSync, TableSpec
 
-        self.sync = CdcSync(spark, config, [TableSpec.parse(t, config) for t in DEFAULT_TABLES])
+        specs = [TableSpec.parse(t, config) for t in DEFAULT_TABLES]
+        self.sync = CdcSync(spark, config, specs, metrics=metrics)
         self._until_idle = until_idle
         self._target = None
 
@@ -136,7 +138,7 @@ class CdcJob:
 
 
 class IngestJob:
-    def __init__(self, spark, config: LakehouseConfig, stop: StopRequest) -> None:
+    def __init__(self, spark, config: LakehouseConfig, stop: StopRequest, metrics: MetricsSink) -> None:
         from jobs.clickstream.schema import FACT_TABLE, PRODUCTS_TABLE, REJECTS_TABLE
         from jobs.clickstream_ingest import ClickstreamIngest, IngestSettings
 
@@ -146,7 +148,7 @@ class IngestJob:
             rejects_table=config.table(*REJECTS_TABLE),
             products_table=config.table(*PRODUCTS_TABLE),
         )
-        self.ingest = ClickstreamIngest(spark, config, settings, stop)
+        self.ingest = ClickstreamIngest(spark, config, settings, stop, metrics)
 
     def prepare(self) -> None:
         self.ingest.prepare()
@@ -168,14 +170,14 @@ class IngestJob:
 
 
 class ViewsJob:
-    def __init__(self, spark, config: LakehouseConfig) -> None:
+    def __init__(self, spark, config: LakehouseConfig, metrics: MetricsSink) -> None:
         from jobs.clickstream.schema import FACT_TABLE
         from jobs.product_views import VIEWS_TABLE, ProductViews, ViewsSettings
 
         settings = ViewsSettings(
             clicks_table=config.table(*FACT_TABLE), views_table=config.table(*VIEWS_TABLE)
         )
-        self.views = ProductViews(spark, settings)
+        self.views = ProductViews(spark, settings, metrics)
 
     def prepare(self) -> None:
         self.views.prepare()
@@ -196,11 +198,13 @@ class ViewsJob:
         return None
 
 
-def default_factories(spark, config: LakehouseConfig, mode: RunMode) -> dict[str, JobFactory]:
+def default_factories(
+    spark, config: LakehouseConfig, mode: RunMode, metrics: MetricsSink = NO_METRICS
+) -> dict[str, JobFactory]:
     return {
-        "cdc": lambda stop: CdcJob(spark, config, mode.until_idle),
-        "ingest": lambda stop: IngestJob(spark, config, stop),
-        "views": lambda stop: ViewsJob(spark, config),
+        "cdc": lambda stop: CdcJob(spark, config, mode.until_idle, metrics),
+        "ingest": lambda stop: IngestJob(spark, config, stop, metrics),
+        "views": lambda stop: ViewsJob(spark, config, metrics),
     }
 
 
@@ -419,10 +423,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     stop = StopRequest().install()
     spark = build_spark(config, "streaming", job_spark_conf())
+    metrics = metrics_sink_for(config)
     try:
-        app = StreamingApplication(spark, options, default_factories(spark, config, options.mode), stop)
-        return app.run()
+        factories = default_factories(spark, config, options.mode, metrics)
+        return StreamingApplication(spark, options, factories, stop).run()
     finally:
+        metrics.close()
         stop_spark(spark)
 
 

@@ -69,6 +69,7 @@ def down(purge: bool) -> None:
 def status(as_json: bool) -> None:
     """Show each part's health; exits 1 when a part is down."""
     state = LocalStack(StackSettings.resolve()).status()
+    state["tables"] = table_freshness(Path(state["home"]) / "metrics.json", time.time())
     if as_json:
         out.print_json(json.dumps(state))
     else:
@@ -85,7 +86,38 @@ def status(as_json: bool) -> None:
             health = "[green]up[/]" if part["healthy"] else "[red]down[/]"
             table.add_row(name, health, address, str(part.get("pid") or "-"), part.get("log", "-"))
         out.print(table)
+        if state["tables"]:
+            out.print(freshness_table(state["tables"]))
     sys.exit(0 if state["healthy"] else 1)
+
+
+def table_freshness(metrics_file: Path, now: float) -> dict[str, dict]:
+    """Per table, from the jobs' last batch (jobs/common/metrics.py): last commit age, records,
+    lag (now - newest record applied, at that commit) and, for the clicks, the Kafka offset lag."""
+    from jobs.common.metrics import read_local_metrics
+
+    return {
+        name: {
+            "job": m["job"],
+            "last_commit_age_seconds": round(now - m["at"], 1),
+            "records_last_batch": m["records_in"],
+            "lag_seconds": None if m["lag_seconds"] is None else round(m["lag_seconds"], 1),
+            "offset_lag": sum(m["offset_lag"].values()) if m["offset_lag"] else None,
+        }
+        for name, m in sorted(read_local_metrics(metrics_file).items())
+    }
+
+
+def freshness_table(tables: dict[str, dict]) -> Table:
+    table = Table(title="tables (the jobs' last batch)")
+    for column in ("table", "job", "last commit", "records", "lag", "Kafka offset lag"):
+        table.add_column(column)
+    for name, t in tables.items():
+        lag = "-" if t["lag_seconds"] is None else f"{t['lag_seconds']:.1f}s"
+        offsets = "-" if t["offset_lag"] is None else f"{t['offset_lag']:,}"
+        age = f"{t['last_commit_age_seconds']:.0f}s ago"
+        table.add_row(name, t["job"], age, f"{t['records_last_batch']:,}", lag, offsets)
+    return table
 
 
 # ---- ad-hoc SQL -------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from constructs import Construct
 
 from infra.bundling import python_function_code
 from infra.config import JobSettings
+from infra.constructs.pipeline_health import STEP_RESTARTS_METRIC
 from infra.emr_steps import (
     ARTIFACTS_PREFIX,
     BATCH_JOBS,
@@ -70,9 +71,11 @@ class JobDeployment(Construct):
         alert_topic: sns.ITopic,
         settings: JobSettings,
         removal_policy,
+        metrics_namespace: str,
     ) -> None:
         super().__init__(scope, construct_id)
         self.artifacts = artifacts
+        self.metrics_namespace = metrics_namespace
         self.cluster_arn = aws_arn("elasticmapreduce", f"cluster/{cluster_id}")
 
         def submit_args(job: str, module: str, *extra: str) -> list[str]:
@@ -169,6 +172,20 @@ class JobDeployment(Construct):
     def _supervisor(self, cluster_id, alert_topic, settings: JobSettings, removal_policy) -> lambda_.Function:
         log_group = logs.LogGroup(
             self, "SupervisorLogs", retention=settings.log_retention, removal_policy=removal_policy
+        )
+        # Each restart of a failed streaming step is one log line {"action": "start", "reason":
+        # "restart after N failure(s) ..."}: counted for the restarts alarm (pipeline_health.py).
+        logs.MetricFilter(
+            self,
+            "StepRestarts",
+            log_group=log_group,
+            metric_namespace=self.metrics_namespace,
+            metric_name=STEP_RESTARTS_METRIC,
+            filter_pattern=logs.FilterPattern.all(
+                logs.FilterPattern.string_value("$.action", "=", "start"),
+                logs.FilterPattern.string_value("$.reason", "=", "restart*"),
+            ),
+            metric_value="1",
         )
         function = lambda_.Function(
             self,

@@ -68,6 +68,7 @@ class Streaming(Construct):
                     f"default.replication.factor={settings.topic_replication_factor}",
                     f"min.insync.replicas={settings.min_insync_replicas}",
                     f"num.partitions={CLICK_TOPIC_PARTITIONS}",
+                    f"log.retention.hours={settings.topic_retention_hours}",
                 ]
             ),
         )

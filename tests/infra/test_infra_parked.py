@@ -64,7 +64,7 @@ def test_parking_keeps_the_lake_the_source_the_stream_and_every_subnet(dev, park
 def test_parked_monitoring_expects_no_data_from_the_stopped_database(parked_dev):
     (alarm,) = [
         a for a in resources_of_type(parked_dev, "Monitoring", "AWS::CloudWatch::Alarm").values()
-        if a["Properties"]["MetricName"] == "FreeStorageSpace"
+        if a["Properties"].get("MetricName") == "FreeStorageSpace"
     ]  # fmt: skip
     assert alarm["Properties"]["TreatMissingData"] == "ignore"
     assert not resources_of_type(parked_dev, "Monitoring", "AWS::Events::Rule")
