@@ -323,6 +323,130 @@ for _name, _parking, _help in (
     )
 
 
+def _operate(env_name: str, region: str | None, profile: str | None):
+    """(session, config, stack outputs) of a deployed environment, or one clear error line."""
+    _quiet_jsii()
+    from infra.config import DeploymentConfig
+    from lakehouse.aws import operate
+
+    session, _ = _aws_session(region, profile)
+    config = DeploymentConfig.for_env(env_name)
+    try:
+        _, outputs = operate.stack_outputs(session, config)
+    except operate.OperateError as error:
+        _fail(str(error))
+    return session, config, outputs
+
+
+def _operate_command(function):
+    return aws_env_option(aws_region_option(aws_profile_option(function)))
+
+
+@aws_group.command(name="status")
+@_operate_command
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def aws_status(env_name: str, region: str | None, profile: str | None, as_json: bool) -> None:
+    """Stacks, cluster, pipeline steps, MSK brokers and each table's freshness (from the metrics)."""
+    from lakehouse.aws import operate
+
+    session, config, _ = _operate(env_name, region, profile)
+    try:
+        found = operate.status(session, config)
+    except operate.OperateError as error:
+        _fail(str(error))
+    if as_json:
+        out.print_json(json.dumps(found.__dict__, default=str))
+        return
+    stacks = Table(title=f"{env_name}: stacks")
+    stacks.add_column("stack")
+    stacks.add_column("status")
+    for name, state in found.stacks.items():
+        stacks.add_row(name, state)
+    out.print(stacks)
+    cluster = found.cluster
+    out.print(f"cluster: {cluster.get('id', 'none (parked)')} {cluster.get('state', '')}")
+    out.print(f"MSK bootstrap (IAM): {found.bootstrap_brokers or 'unknown'}")
+    steps = Table(title="pipeline steps (newest first)")
+    for column in ("job", "step", "state"):
+        steps.add_column(column)
+    for step in found.steps[:20]:
+        steps.add_row(step["job"], step["id"], step["state"])
+    out.print(steps)
+    tables = Table(title="tables (last hour of metrics)")
+    for column in ("table", "job", "last commit", "records", "lag"):
+        tables.add_column(column)
+    for name, t in found.tables.items():
+        age = (
+            "none in the last hour"
+            if t["last_commit_age_seconds"] is None
+            else f"{t['last_commit_age_seconds']}s ago"
+        )
+        lag = "-" if t["lag_seconds"] is None else f"{t['lag_seconds']:.1f}s"
+        tables.add_row(name, t["job"], age, f"{t['records_last_hour']:,}", lag)
+    out.print(tables)
+
+
+@aws_group.command(name="logs")
+@_operate_command
+@click.argument("job_or_step")
+@click.option("--stdout", "stream", flag_value="stdout", help="the step's stdout instead of stderr")
+@click.option("--follow", is_flag=True, help="print what is new every 60 s until Ctrl-C")
+def aws_logs(env_name, region, profile, job_or_step: str, stream: str | None, follow: bool) -> None:
+    """A step's stderr (JOB: its newest step, or a step id s-...) from the EMR log bucket."""
+    from lakehouse.aws import operate
+
+    session, config, outputs = _operate(env_name, region, profile)
+    shown = 0
+    while True:
+        try:
+            text = operate.step_log(session, config, outputs, job_or_step, stream or "stderr")
+        except operate.OperateError as error:
+            if not follow or shown:
+                _fail(str(error))
+            console.print(str(error))
+            text = ""
+        click.echo(text[shown:], nl=False)
+        shown = len(text)
+        if not follow:
+            return
+        time.sleep(60)
+
+
+@aws_group.command(name="submit")
+@_operate_command
+@click.argument("job")
+@click.option("--count", type=int, help="gendata: records to send")
+@click.option("--rate", type=int, help="gendata: events per second")
+def aws_submit(env_name, region, profile, job: str, count: int | None, rate: int | None) -> None:
+    """Run a batch JOB now (report, maintain, gendata) through its state machine."""
+    from lakehouse.aws import operate
+
+    session, config, outputs = _operate(env_name, region, profile)
+    payload = {k: str(v) for k, v in (("count", count), ("rate", rate)) if v is not None}
+    if job == "gendata" and "count" not in payload:
+        _fail("gendata needs --count N (and optionally --rate R)")
+    try:
+        arn = operate.submit(session, config, outputs, job, payload)
+    except operate.OperateError as error:
+        _fail(str(error))
+    out.print(f"started {job}: {arn}")
+
+
+@aws_group.command(name="stop")
+@_operate_command
+@click.argument("job")
+def aws_stop(env_name, region, profile, job: str) -> None:
+    """Cancel a job's running step (a streaming job is started again by the supervisor)."""
+    from lakehouse.aws import operate
+
+    session, config, outputs = _operate(env_name, region, profile)
+    try:
+        cancelled = operate.stop(session, config, outputs, job)
+    except operate.OperateError as error:
+        _fail(str(error))
+    out.print(f"cancelled {', '.join(cancelled)}")
+
+
 @main.command(context_settings=PASS_THROUGH)
 @click.argument("gendata_args", nargs=-1, type=click.UNPROCESSED)
 def gendata(gendata_args: tuple[str, ...]) -> None:

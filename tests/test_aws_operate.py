@@ -1,0 +1,188 @@
+"""`lakehouse aws status|logs|submit|stop` against moto: stacks and outputs (CloudFormation), the
+cluster and its steps (EMR), step logs (S3), freshness (CloudWatch), state machines (Step Functions),
+and every error an operator can meet."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from datetime import UTC, datetime, timedelta
+
+import boto3
+import pytest
+from click.testing import CliRunner
+from moto import mock_aws
+
+from infra.config import DeploymentConfig
+from jobs.common.metrics import BatchMetrics, metric_data
+from lakehouse.aws import operate
+from lakehouse.cli import main
+
+REGION = "us-east-1"
+DEV = DeploymentConfig.for_env("dev")
+LOGS = "lakehouse-dev-logs-test"
+
+
+def deploy_stack(session, concern: str, outputs: dict[str, str]) -> None:
+    template = {
+        "Resources": {"Placeholder": {"Type": "AWS::SNS::Topic"}},
+        "Outputs": {key: {"Value": value} for key, value in outputs.items()},
+    }
+    session.client("cloudformation").create_stack(
+        StackName=DEV.stack_name(concern), TemplateBody=json.dumps(template)
+    )
+
+
+@pytest.fixture
+def session(monkeypatch):
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    with mock_aws():
+        yield boto3.Session(region_name=REGION)
+
+
+@pytest.fixture
+def deployed(session):
+    """dev deployed: a running cluster with the streaming step, a log bucket, the report machine."""
+    emr = session.client("emr")
+    s3 = session.client("s3")
+    s3.create_bucket(Bucket=LOGS)
+    cluster_id = emr.run_job_flow(
+        Name="lakehouse-dev-emr",
+        ReleaseLabel="emr-7.14.0",
+        LogUri=f"s3://{LOGS}/emr/",
+        Instances={
+            "InstanceCount": 1,
+            "KeepJobFlowAliveWhenNoSteps": True,
+            "MasterInstanceType": "m5.xlarge",
+        },
+        JobFlowRole="EMR_EC2_DefaultRole",
+        ServiceRole="EMR_DefaultRole",
+    )["JobFlowId"]
+    step = {
+        "ActionOnFailure": "CONTINUE",
+        "HadoopJarStep": {"Jar": "command-runner.jar", "Args": ["spark-submit"]},
+    }
+    (step_id,) = emr.add_job_flow_steps(
+        JobFlowId=cluster_id, Steps=[{"Name": "lakehouse-streaming@abc123", **step}]
+    )["StepIds"]
+    s3.put_object(
+        Bucket=LOGS,
+        Key=f"emr/{cluster_id}/steps/{step_id}/stderr.gz",
+        Body=gzip.compress(b"INFO ingest batch 1: records=900\n"),
+    )
+    machine = session.client("stepfunctions").create_state_machine(
+        name="report",
+        definition=json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Succeed"}}}),
+        roleArn="arn:aws:iam::123456789012:role/sfn",
+    )["stateMachineArn"]
+    deploy_stack(session, "Lake", {"WarehouseUri": "s3://w/warehouse"})
+    deploy_stack(session, "Compute", {"EmrClusterId": cluster_id})
+    deploy_stack(session, "Jobs", {"ReportStateMachineArn": machine, "JobsVersion": "abc123"})
+    return {"cluster_id": cluster_id, "step_id": step_id}
+
+
+def test_status_shows_stacks_cluster_steps_and_freshness(session, deployed) -> None:
+    now = datetime.now(UTC).replace(microsecond=0)
+    batch = BatchMetrics(
+        "ingest",
+        "ods_behavior.clickevent",
+        900,
+        2.0,
+        1.0,
+        lag_seconds=4.5,
+        at=(now - timedelta(minutes=2)).timestamp(),
+    )
+    session.client("cloudwatch").put_metric_data(Namespace="Lakehouse/dev", MetricData=metric_data(batch))
+    found = operate.status(session, DEV, now=now)
+    assert found.stacks[DEV.stack_name("Compute")] == "CREATE_COMPLETE"
+    assert found.stacks[DEV.stack_name("Network")] == "NOT DEPLOYED"
+    assert found.cluster["id"] == deployed["cluster_id"] and found.cluster["state"] in ("WAITING", "RUNNING")
+    assert [(s["job"], s["id"]) for s in found.steps] == [("streaming", deployed["step_id"])]
+    clicks = found.tables["ods_behavior.clickevent"]
+    assert clicks["records_last_hour"] == 900 and clicks["lag_seconds"] == 4.5
+    assert 60 <= clicks["last_commit_age_seconds"] <= 180
+    assert found.tables["dim_db.products"]["last_commit_age_seconds"] is None
+
+
+def test_status_cli_prints_json(session, deployed) -> None:
+    result = CliRunner().invoke(main, ["aws", "status", "--env", "dev", "--region", REGION, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["cluster"]["id"] == deployed["cluster_id"]
+
+
+def test_logs_of_a_job_are_its_newest_steps_stderr(session, deployed) -> None:
+    _, outputs = operate.stack_outputs(session, DEV)
+    assert (
+        operate.step_log(session, DEV, outputs, "streaming", "stderr") == "INFO ingest batch 1: records=900\n"
+    )
+    assert "records=900" in operate.step_log(session, DEV, outputs, deployed["step_id"], "stderr")
+    with pytest.raises(operate.OperateError, match="no stdout for step .* yet"):
+        operate.step_log(session, DEV, outputs, "streaming", "stdout")
+
+
+def test_submit_starts_the_batch_jobs_state_machine_and_refuses_streaming_jobs(session, deployed) -> None:
+    _, outputs = operate.stack_outputs(session, DEV)
+    arn = operate.submit(session, DEV, outputs, "report", {})
+    execution = session.client("stepfunctions").describe_execution(executionArn=arn)
+    assert json.loads(execution["input"]) == {"reason": "lakehouse aws submit"}
+    with pytest.raises(operate.OperateError, match="streaming job, kept running by the step supervisor"):
+        operate.submit(session, DEV, outputs, "streaming", {})
+    with pytest.raises(operate.OperateError, match="no state machine for maintain"):
+        operate.submit(session, DEV, outputs, "maintain", {})
+
+
+class CancelRecordingSession:
+    """moto has no EMR CancelSteps: the session's EMR clients record the call instead."""
+
+    def __init__(self, session) -> None:
+        self._session, self.cancelled = session, []
+
+    def client(self, name: str):
+        client = self._session.client(name)
+        if name == "emr":
+            client.cancel_steps = lambda **kw: self.cancelled.append(kw)
+        return client
+
+
+def test_stop_cancels_the_jobs_live_step(session, deployed) -> None:
+    _, outputs = operate.stack_outputs(session, DEV)
+    recording = CancelRecordingSession(session)
+    assert operate.stop(recording, DEV, outputs, "streaming") == [deployed["step_id"]]
+    assert recording.cancelled == [{"ClusterId": deployed["cluster_id"], "StepIds": [deployed["step_id"]]}]
+    with pytest.raises(operate.OperateError, match="no pending or running step of report"):
+        operate.stop(recording, DEV, outputs, "report")
+
+
+def test_an_unknown_job_names_the_known_ones(session, deployed) -> None:
+    result = CliRunner().invoke(main, ["aws", "stop", "ingestt", "--env", "dev", "--region", REGION])
+    assert result.exit_code == 1
+    assert "unknown job 'ingestt' in dev: one of streaming, report, maintain, gendata" in " ".join(
+        result.output.split()
+    )
+
+
+def test_a_terminated_cluster_says_how_to_get_a_new_one(session, deployed) -> None:
+    session.client("emr").terminate_job_flows(JobFlowIds=[deployed["cluster_id"]])
+    _, outputs = operate.stack_outputs(session, DEV)
+    with pytest.raises(operate.OperateError, match=r"TERMINAT.*lakehouse aws park --env dev.*unpark"):
+        operate.stop(session, DEV, outputs, "streaming")
+
+
+def test_nothing_deployed_says_how_to_deploy(session) -> None:
+    result = CliRunner().invoke(main, ["aws", "status", "--env", "dev", "--region", REGION])
+    assert result.exit_code == 1
+    assert (
+        "no Lakehouse-dev stack in this account/region: deploy with `cdk deploy -c env=dev --all`"
+        in " ".join(result.output.split())
+    )
+
+
+def test_no_credentials_is_one_clear_line(monkeypatch, tmp_path) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    result = CliRunner().invoke(main, ["aws", "status", "--env", "dev", "--region", REGION])
+    assert result.exit_code == 1
+    assert "no AWS credentials" in result.output
