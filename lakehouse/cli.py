@@ -432,6 +432,39 @@ def aws_submit(env_name, region, profile, job: str, count: int | None, rate: int
     out.print(f"started {job}: {arn}")
 
 
+@aws_group.command(name="sql")
+@_operate_command
+@click.argument("query")
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True
+)
+def aws_sql(env_name, region, profile, query: str, fmt: str) -> None:
+    """Run QUERY through Athena over the Glue catalog (tables `dim_db.products`, ...)."""
+    import csv
+    import io
+
+    from lakehouse.aws import operate
+
+    session, config, _ = _operate(env_name, region, profile)
+    try:
+        columns, rows = operate.athena_query(session, config, query)
+    except operate.OperateError as error:
+        _fail(str(error))
+    if fmt == "json":
+        out.print_json(json.dumps([dict(zip(columns, row, strict=True)) for row in rows]))
+    elif fmt == "csv":
+        buffer = io.StringIO()
+        csv.writer(buffer).writerows([columns, *rows])
+        click.echo(buffer.getvalue(), nl=False)
+    else:
+        table = Table()
+        for column in columns:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*[value if value is not None else "null" for value in row])
+        out.print(table)
+
+
 @aws_group.command(name="stop")
 @_operate_command
 @click.argument("job")

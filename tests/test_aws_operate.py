@@ -186,3 +186,32 @@ def test_no_credentials_is_one_clear_line(monkeypatch, tmp_path) -> None:
     result = CliRunner().invoke(main, ["aws", "status", "--env", "dev", "--region", REGION])
     assert result.exit_code == 1
     assert "no AWS credentials" in result.output
+
+
+def test_sql_runs_in_the_envs_athena_workgroup_and_prints_the_rows(session, deployed) -> None:
+    import requests
+
+    session.client("athena").create_work_group(Name="lakehouse-dev-adhoc")
+    columns = [{"Name": name, "Type": "varchar"} for name in ("productId", "views")]
+    rows = [
+        {"Data": [{"VarCharValue": v} for v in row]}
+        for row in (["productId", "views"], ["1", "917"], ["2", "31"])
+    ]
+    requests.post(
+        "http://motoapi.amazonaws.com/moto-api/static/athena/query-results",
+        json={
+            "account_id": "123456789012",
+            "region": REGION,
+            "results": [{"rows": rows, "column_info": columns}],
+        },
+        timeout=10,
+    )
+    result = CliRunner().invoke(
+        main,
+        ["aws", "sql", "SELECT productId, views FROM ads_behavior.product_views", "--env", "dev",
+         "--region", REGION, "--format", "csv"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == ["productId,views", "1,917", "2,31"]
+    executions = session.client("athena").list_query_executions(WorkGroup="lakehouse-dev-adhoc")
+    assert len(executions["QueryExecutionIds"]) == 1

@@ -239,3 +239,36 @@ def stop(session, config: DeploymentConfig, outputs: dict[str, str], job: str) -
         raise OperateError(f"no pending or running step of {job} on cluster {cluster['Id']}")
     emr.cancel_steps(ClusterId=cluster["Id"], StepIds=live)
     return live
+
+
+# ---- sql -----------------------------------------------------------------------------------------
+
+
+def athena_query(session, config: DeploymentConfig, query: str, *, timeout: float = 300, poll=time.sleep):
+    """Run `query` in the env's Athena workgroup (Glue catalog); returns (columns, rows)."""
+    athena = session.client("athena")
+    workgroup = f"{config.name_prefix}-adhoc"
+    try:
+        execution = athena.start_query_execution(QueryString=query, WorkGroup=workgroup)["QueryExecutionId"]
+    except ClientError as error:
+        raise OperateError(f"Athena refused the query in workgroup {workgroup}: {error}") from None
+    waited = 0.0
+    while True:
+        state = athena.get_query_execution(QueryExecutionId=execution)["QueryExecution"]["Status"]
+        if state["State"] == "SUCCEEDED":
+            break
+        if state["State"] in ("FAILED", "CANCELLED"):
+            raise OperateError(f"query {state['State']}: {state.get('StateChangeReason', 'no reason given')}")
+        if waited >= timeout:
+            athena.stop_query_execution(QueryExecutionId=execution)
+            raise OperateError(f"query still running after {timeout:.0f} s: stopped ({execution})")
+        poll(1.0)
+        waited += 1.0
+    columns, rows = None, []
+    for page in athena.get_paginator("get_query_results").paginate(QueryExecutionId=execution):
+        if columns is None:
+            columns = [c["Name"] for c in page["ResultSet"]["ResultSetMetadata"]["ColumnInfo"]]
+        rows += [[cell.get("VarCharValue") for cell in row["Data"]] for row in page["ResultSet"]["Rows"]]
+    if rows and rows[0] == columns:  # Athena repeats the header as the first row of a SELECT
+        rows = rows[1:]
+    return columns or [], rows
