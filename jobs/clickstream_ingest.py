@@ -129,6 +129,11 @@ class BatchResult:
     lag_seconds: float | None = None
 
 
+# Empty fetches in a row, below the broker's watermark, before a batch reports "nothing new" (a topic
+# ending in control records, e.g. from transactional producers, never reaches its watermark).
+EMPTY_FETCHES_BEHIND_WATERMARK = 5
+
+
 class ClickstreamIngest:
     """Holds the per-table offsets between batches; `run_batch` is one micro-batch."""
 
@@ -175,6 +180,25 @@ class ClickstreamIngest:
     # -- one micro-batch --
 
     def run_batch(self) -> int:
+        """One micro-batch; 0 only when nothing is known to be left. An empty fetch while the broker
+        reports records past the stored offsets (its watermark is a lower bound of the end) is a
+        slow fetch, not the end: fetch again, a few times, so `--until-idle` never stops short."""
+        for _ in range(EMPTY_FETCHES_BEHIND_WATERMARK):
+            handled = self._batch()
+            if handled or not self._behind_watermark():
+                return handled
+            log.info(
+                "fetched nothing though the broker reports records up to %s past offsets %s; fetching again",
+                self._watermarks,
+                self.fact.offsets,
+            )
+        return 0
+
+    def _behind_watermark(self) -> bool:
+        _, _, starts = self._starts(sorted(self._watermarks))
+        return not self.stop.requested and any(starts[p] < hw for p, hw in self._watermarks.items())
+
+    def _batch(self) -> int:
         began = time.monotonic()
         fetched = self._fetch_with_retry()
         if fetched is None:

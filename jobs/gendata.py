@@ -118,6 +118,9 @@ def generate_records(
             yield GeneratedRecord(_json(event), VALID)
 
 
+PRODUCER_LINGER_MS = 100
+
+
 def producer_config(config: LakehouseConfig, bootstrap: str | None = None) -> dict[str, object]:
     from jobs.clickstream.kafka_auth import kafka_client_config
 
@@ -128,7 +131,11 @@ def producer_config(config: LakehouseConfig, bootstrap: str | None = None) -> di
         {
             "enable.idempotence": config.kafka.idempotent_producer,
             "acks": "all",
-            "linger.ms": 5,
+            # Fewer, fuller batches: the local broker stores each produced batch as one object and
+            # its reads slow down with the object count (5 ms: ~4.5 records per batch at 2,000/s,
+            # 30k records read at 2.1k/s; 100 ms: ~66 per batch, read at 100k/s). At most 0.1 s
+            # added to freshness; MSK takes fewer, larger requests too.
+            "linger.ms": PRODUCER_LINGER_MS,
             "batch.num.messages": 10_000,
             "queue.buffering.max.messages": 500_000,
             "compression.type": "lz4",

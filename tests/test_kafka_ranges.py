@@ -1,6 +1,7 @@
 """How a fetch task decides a range is done: the planned minimum end (the high watermark) holds
 whatever single polls return; past it, an empty or short poll ends the range. No broker: the
-reader's polls are scripted (the broker itself is exercised by the ingest tests)."""
+reader's polls are scripted (the broker itself is exercised by the ingest tests); and when the ingest
+takes an empty fetch for the end."""
 
 from __future__ import annotations
 
@@ -9,6 +10,13 @@ import time
 import pytest
 
 from jobs.clickstream.kafka_source import FetchSettings, OffsetRange, _read_range, plan_frame, plan_ranges
+from jobs.clickstream_ingest import (
+    EMPTY_FETCHES_BEHIND_WATERMARK,
+    ClickstreamIngest,
+    IngestSettings,
+    TableProgress,
+)
+from jobs.config import LakehouseConfig
 
 
 class Message:
@@ -87,3 +95,42 @@ def test_the_executors_get_every_field_of_the_planned_ranges(spark):
 def test_past_the_minimum_end_a_short_poll_ends_the_range_at_once():
     plan = OffsetRange("t", 0, start=0, max_records=10_000, min_end=10)
     assert offsets_read(ScriptedReader(0, [1, 9, 5, 5, 5]), plan) == 10
+
+
+class ScriptedIngest(ClickstreamIngest):
+    """The ingest's batch loop with scripted fetches: each `_batch` returns the next count and
+    leaves the broker's watermarks as the script says (no Spark, no broker)."""
+
+    def __init__(self, script: list[tuple[int, dict[int, int]]]) -> None:
+        config = LakehouseConfig.aws(
+            env="dev", region="us-east-1", warehouse="s3://w/", kafka_bootstrap="b:9098",
+            mysql_host="db", mysql_cdc_secret_id="s",
+        )  # fmt: skip
+        super().__init__(None, config, IngestSettings("t", "a.b", "a.c", "a.d"))
+        self.fact = self.rejects = TableProgress({0: 100, 1: 100}, None)
+        self._script = list(script)
+        self.calls = 0
+
+    def _batch(self) -> int:
+        self.calls += 1
+        handled, self._watermarks = self._script.pop(0)
+        return handled
+
+
+def test_an_empty_fetch_below_the_watermark_is_fetched_again_not_taken_for_the_end():
+    # The broker says partition 1 holds records past offset 100, the first two fetches read none.
+    ingest = ScriptedIngest([(0, {0: 100, 1: 150}), (0, {0: 100, 1: 150}), (50, {0: 100, 1: 150})])
+    assert ingest.run_batch() == 50
+    assert ingest.calls == 3
+
+
+def test_an_empty_fetch_at_the_watermark_is_the_end_at_once():
+    ingest = ScriptedIngest([(0, {0: 100, 1: 100})])
+    assert ingest.run_batch() == 0
+    assert ingest.calls == 1
+
+
+def test_a_fetch_that_stays_empty_below_the_watermark_gives_up_after_a_few_tries():
+    ingest = ScriptedIngest([(0, {0: 100, 1: 150})] * 10)
+    assert ingest.run_batch() == 0
+    assert ingest.calls == EMPTY_FETCHES_BEHIND_WATERMARK
