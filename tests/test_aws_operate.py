@@ -70,14 +70,25 @@ def deployed(session):
         Key=f"emr/{cluster_id}/steps/{step_id}/stderr.gz",
         Body=gzip.compress(b"INFO ingest batch 1: records=900\n"),
     )
-    machine = session.client("stepfunctions").create_state_machine(
-        name="report",
-        definition=json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Succeed"}}}),
-        roleArn="arn:aws:iam::123456789012:role/sfn",
-    )["stateMachineArn"]
+    machines = {
+        name: session.client("stepfunctions").create_state_machine(
+            name=name,
+            definition=json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Succeed"}}}),
+            roleArn="arn:aws:iam::123456789012:role/sfn",
+        )["stateMachineArn"]
+        for name in ("report", "gendata")
+    }
     deploy_stack(session, "Lake", {"WarehouseUri": "s3://w/warehouse"})
     deploy_stack(session, "Compute", {"EmrClusterId": cluster_id})
-    deploy_stack(session, "Jobs", {"ReportStateMachineArn": machine, "JobsVersion": "abc123"})
+    deploy_stack(
+        session,
+        "Jobs",
+        {
+            "ReportStateMachineArn": machines["report"],
+            "GendataStateMachineArn": machines["gendata"],
+            "JobsVersion": "abc123",
+        },
+    )
     return {"cluster_id": cluster_id, "step_id": step_id}
 
 
@@ -129,6 +140,19 @@ def test_submit_starts_the_batch_jobs_state_machine_and_refuses_streaming_jobs(s
         operate.submit(session, DEV, outputs, "streaming", {})
     with pytest.raises(operate.OperateError, match="no state machine for maintain"):
         operate.submit(session, DEV, outputs, "maintain", {})
+
+
+def test_submit_gendata_passes_count_and_rate_to_its_state_machine(session, deployed) -> None:
+    args = ["aws", "submit", "gendata", "--env", "dev", "--region", REGION]
+    result = CliRunner().invoke(main, [*args, "--count", "100000", "--rate", "500"])
+    assert result.exit_code == 0, result.output
+    sfn = session.client("stepfunctions")
+    (machine,) = [m for m in sfn.list_state_machines()["stateMachines"] if m["name"] == "gendata"]
+    (execution,) = sfn.list_executions(stateMachineArn=machine["stateMachineArn"])["executions"]
+    started = json.loads(sfn.describe_execution(executionArn=execution["executionArn"])["input"])
+    assert started == {"reason": "lakehouse aws submit", "count": "100000", "rate": "500"}
+    refused = CliRunner().invoke(main, args)
+    assert refused.exit_code != 0 and "gendata needs --count N" in refused.output
 
 
 class CancelRecordingSession:
