@@ -1,6 +1,7 @@
 """`lakehouse gendata`: produce ClickEvents (and, on request, malformed records) to Kafka.
 
-Idempotent producer with acks=all; deterministic content with --seed (event times too with
+acks=all, idempotent on MSK (plain retries on the local broker: see KafkaConfig), batches lingering
+100 ms; deterministic content with --seed (event times too with
 --start-ms); --rate paces the stream; --bad-ratio mixes in every malformed kind the ingest rejects.
 Works against the local broker and MSK (TLS + IAM), chosen by the environment's config.
 """
