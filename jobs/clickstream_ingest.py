@@ -151,6 +151,7 @@ class ClickstreamIngest:
         self.stop = stop or StopRequest()
         self.metrics = guarded(metrics)
         self._watermarks: dict[int, int] = {}  # each partition's high watermark at the last planning
+        self._given_up_gap: dict[int, tuple[int, int]] | None = None  # re-fetched in vain before
         self.batches = 0
         self.last_lag_seconds: float | None = None  # now - the newest Kafka timestamp, after commit
         kafka: KafkaConfig = config.kafka
@@ -180,23 +181,30 @@ class ClickstreamIngest:
     # -- one micro-batch --
 
     def run_batch(self) -> int:
-        """One micro-batch; 0 only when nothing is known to be left. An empty fetch while the broker
-        reports records past the stored offsets (its watermark is a lower bound of the end) is a
-        slow fetch, not the end: fetch again, a few times, so `--until-idle` never stops short."""
+        """One micro-batch. An empty fetch while the broker reports records past the stored offsets
+        (its watermark is a lower bound of the end) is most likely a slow fetch, not the end: fetch
+        again, a few times, so `--until-idle` does not stop short. A gap that stays the same after
+        that (records the consumer never gets, e.g. transaction markers) is not retried again."""
         for _ in range(EMPTY_FETCHES_BEHIND_WATERMARK):
             handled = self._batch()
-            if handled or not self._behind_watermark():
+            gap = self._gap_to_watermark()
+            if handled or not gap or gap == self._given_up_gap:
                 return handled
-            log.info(
-                "fetched nothing though the broker reports records up to %s past offsets %s; fetching again",
-                self._watermarks,
-                self.fact.offsets,
-            )
+            log.info("fetched nothing though the broker reports records past offsets %s; fetching again", gap)
+        log.warning(
+            "fetched nothing %d times though the broker reports records past offsets %s; going on",
+            EMPTY_FETCHES_BEHIND_WATERMARK,
+            gap,
+        )
+        self._given_up_gap = gap
         return 0
 
-    def _behind_watermark(self) -> bool:
+    def _gap_to_watermark(self) -> dict[int, tuple[int, int]]:
+        """{partition: (fetch start, watermark)} for each partition whose start is below its watermark."""
+        if self.stop.requested:
+            return {}
         _, _, starts = self._starts(sorted(self._watermarks))
-        return not self.stop.requested and any(starts[p] < hw for p, hw in self._watermarks.items())
+        return {p: (starts[p], hw) for p, hw in self._watermarks.items() if starts[p] < hw}
 
     def _batch(self) -> int:
         began = time.monotonic()
