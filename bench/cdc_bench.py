@@ -118,8 +118,9 @@ def _measure(stack, backlog: int, rate: int, seconds: float) -> list[dict]:
     written = write_backlog(conn, backlog)
     raw = raw_read_rate(config, start, written)
 
-    # Apply rate: a job starting against the backlog, until everything is in Iceberg.
-    sync = CdcSync(spark, config, specs, server_id=4202)
+    # Apply rate: a job starting against the backlog, until everything is in Iceberg (set up as
+    # `lakehouse run cdc` sets it up).
+    sync = CdcSync(spark, config, specs, server_id=4202, warm_up=True, change_wait_seconds=1.0)
     began = time.monotonic()
     sync.start()
     conn2 = sync._connect()

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import pymysql
 from tenacity import before_sleep_log, retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from jobs.cdc import apply_changes, position_commit, snapshot, source_db, target_table
+from jobs.cdc import apply_changes, merge_warm_up, position_commit, snapshot, source_db, target_table
 from jobs.cdc.binlog_reader import BinlogPosition, BinlogReader, DdlEvent, Transaction
 from jobs.cdc.change_batch import RowChange, last_change_per_key
 from jobs.cdc.position_check import position_problem
@@ -51,6 +51,11 @@ log = logging.getLogger("cdc_sync")
 DEFAULT_TABLES = ("user_db.products=dim_db.products", "user_db.user_member=dim_db.user_member")
 MAX_BATCH_CHANGES = 300_000  # bounds memory while catching up
 DRAIN_SECONDS = 0.5
+# While the reader is this far behind the source (catching up on a backlog), a batch drains up to
+# CATCH_UP_DRAIN_SECONDS: a copy-on-write MERGE costs about the same for 20k changes as for 200k.
+CATCH_UP_LAG_SECONDS = 5
+CATCH_UP_DRAIN_SECONDS = 10.0
+CATCH_UP_GAP_SECONDS = 0.5
 # A quiet table's stored position follows the binlog at most this often: far below the source's
 # binlog retention (24 h on RDS), and a restart re-reads at most this much of the binlog.
 PROGRESS_SECONDS = 60.0
@@ -121,6 +126,8 @@ class CdcSync:
         connect_timeout: float = 120.0,
         progress_seconds: float = PROGRESS_SECONDS,
         metrics: MetricsSink = NO_METRICS,
+        warm_up: bool = False,
+        change_wait_seconds: float = 0.0,
     ) -> None:
         self.spark = spark
         self.config = config
@@ -132,6 +139,10 @@ class CdcSync:
         self.connect_timeout = connect_timeout
         self.progress_seconds = progress_seconds
         self.metrics = guarded(metrics)
+        self.warm_up = warm_up
+        # An idle batch waits this long for the next change and starts applying when it comes,
+        # instead of sleeping a whole trigger interval first (the jobs pass their trigger).
+        self.change_wait_seconds = change_wait_seconds
         self.credentials = source_db.cdc_credentials(config)
         self.tables: dict[tuple[str, str], TableState] = {}
         self.reader: BinlogReader | None = None
@@ -177,6 +188,12 @@ class CdcSync:
                 is_mariadb=is_mariadb,
             ).start()
             log.info("tailing the binlog from %s for %s", start, ", ".join(t.spec.target for t in active))
+        if self.warm_up:
+            for state in active:  # while the reader starts on the binlog (and reads any backlog)
+                seconds = merge_warm_up.warm_up_merge(
+                    self.spark, state.columns, state.key, target_table.TABLE_PROPERTIES
+                )
+                log.info("%s: MERGE warmed up (%.1fs)", state.spec.target, seconds)
         return self
 
     def _prepare(self, conn: pymysql.Connection, spec: TableSpec, is_mariadb: bool) -> TableState:
@@ -223,21 +240,30 @@ class CdcSync:
     # ---- one micro-batch ----------------------------------------------------------------------
 
     def _drain(self) -> tuple[list[Transaction], DdlEvent | None, bool]:
-        """Queued transactions up to the next DDL; the flag says whether the queue ran empty."""
+        """Queued transactions up to the next DDL; the flag says whether the queue ran empty.
+
+        Waits up to `change_wait_seconds` for the first one, then keeps draining while the reader
+        keeps producing: briefly when it is close to the source (a steady trickle must not delay the
+        commit), longer when it is catching up on a backlog (fewer, larger MERGEs)."""
         transactions: list[Transaction] = []
         count = 0
-        deadline = time.monotonic() + DRAIN_SECONDS
-        while count < self.max_batch_changes and time.monotonic() < deadline:
+        wait = max(0.05, self.change_wait_seconds)
+        started = deadline = None
+        while count < self.max_batch_changes and (deadline is None or time.monotonic() < deadline):
             try:
-                # Keep draining briefly while the reader keeps producing (catching up on a backlog):
-                # fewer, larger MERGEs. Bounded so a steady trickle cannot delay the commit.
-                item = self.reader.items.get(timeout=0.05)
+                item = self.reader.items.get(timeout=wait)
             except queue.Empty:
                 return transactions, None, True
             if isinstance(item, DdlEvent):
                 return transactions, item, False
             transactions.append(item)
             count += sum(len(v) for v in item.changes.values())
+            started = started or time.monotonic()
+            catching_up = time.time() - item.timestamp > CATCH_UP_LAG_SECONDS
+            deadline = started + (CATCH_UP_DRAIN_SECONDS if catching_up else DRAIN_SECONDS)
+            # Catching up, the reader may pause briefly (decoding, a busy CPU): only a longer gap
+            # means it reached the end of the backlog.
+            wait = CATCH_UP_GAP_SECONDS if catching_up else 0.05
         return transactions, None, False
 
     def run_batch(self) -> int:
@@ -472,6 +498,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         server_id=args.server_id,
         progress_seconds=args.progress_seconds,
         metrics=metrics_sink_for(config),
+        warm_up=True,
+        change_wait_seconds=args.mode.trigger_seconds,
     )
     try:
         return run_sync(sync, args.mode, stop)

@@ -95,12 +95,14 @@ class StreamingOptions:
 
 
 class CdcJob:
-    def __init__(self, spark, config: LakehouseConfig, until_idle: bool, metrics: MetricsSink) -> None:
+    def __init__(self, spark, config: LakehouseConfig, mode: RunMode, metrics: MetricsSink) -> None:
         from jobs.cdc_sync import DEFAULT_TABLES, CdcSync, TableSpec
 
         specs = [TableSpec.parse(t, config) for t in DEFAULT_TABLES]
-        self.sync = CdcSync(spark, config, specs, metrics=metrics)
-        self._until_idle = until_idle
+        self.sync = CdcSync(
+            spark, config, specs, metrics=metrics, warm_up=True, change_wait_seconds=mode.trigger_seconds
+        )
+        self._until_idle = mode.until_idle
         self._target = None
 
     def prepare(self) -> None:
@@ -202,7 +204,7 @@ def default_factories(
     spark, config: LakehouseConfig, mode: RunMode, metrics: MetricsSink = NO_METRICS
 ) -> dict[str, JobFactory]:
     return {
-        "cdc": lambda stop: CdcJob(spark, config, mode.until_idle, metrics),
+        "cdc": lambda stop: CdcJob(spark, config, mode, metrics),
         "ingest": lambda stop: IngestJob(spark, config, stop, metrics),
         "views": lambda stop: ViewsJob(spark, config, metrics),
     }

@@ -231,6 +231,39 @@ def test_apply_changes_updates_inserts_and_deletes(spark) -> None:
     assert rows == Counter([("keep", 1), ("update", 20), ("insert", 40)])
 
 
+def test_merge_warm_up_runs_the_merge_without_touching_the_lake(spark, caplog) -> None:
+    from jobs.cdc.merge_warm_up import warm_up_merge
+    from jobs.cdc.target_table import TABLE_PROPERTIES
+
+    table = "lakehouse.dim_db.cdc_test_warm_up"
+    spark.sql(f"DROP TABLE IF EXISTS {table}")
+    spark.sql(f"CREATE TABLE {table} (id STRING NOT NULL, qty INT) USING iceberg")
+    spark.sql(f"INSERT INTO {table} VALUES ('a', 1)")
+
+    def lake() -> tuple:
+        namespaces = [r[0] for r in spark.sql("SHOW NAMESPACES IN lakehouse").collect()]
+        tables = sorted(
+            (ns, r["tableName"])
+            for ns in namespaces
+            for r in spark.sql(f"SHOW TABLES IN lakehouse.{ns}").collect()
+        )
+        snapshots = [r[0] for r in spark.sql(f"SELECT snapshot_id FROM {table}.snapshots").collect()]
+        return tables, snapshots
+
+    before = lake()
+    # Every Iceberg type the CDC maps to, the key among them.
+    columns = [
+        ("id", "string"), ("qty", "int"), ("big", "bigint"), ("price", "decimal(10,4)"), ("f", "float"),
+        ("d", "double"), ("ok", "boolean"), ("blob", "binary"), ("day", "date"), ("at", "timestamp"),
+    ]  # fmt: skip
+    with caplog.at_level("INFO", logger="jobs.cdc.merge_warm_up"):
+        for _ in range(2):  # the scratch catalog is registered once and reused
+            warm_up_merge(spark, columns, ("id",), TABLE_PROPERTIES)
+    assert "skipped" not in caplog.text  # the MERGE ran
+    assert lake() == before
+    assert not os.path.exists(os.path.join(spark.sparkContext._temp_dir, "lakehouse_cdc_warm_up"))
+
+
 # ---- the seed tables ----------------------------------------------------------------------------
 
 PRODUCT_COLUMNS = ["productId", "name", "description", "product_price", "update_time"]

@@ -159,3 +159,80 @@ def test_arrow_change_columns_hold_what_spark_would_be_given(kind: str, values: 
     expected = [to_spark_value(value, kind) for value in values]
     assert table.column("c").to_pylist() == expected
     assert table.column(OP_COLUMN).to_pylist() == [UPSERT] * len(values)
+
+
+# ---- batching: how a batch waits for and drains the reader's queue ------------------------------
+
+
+def _drainer(change_wait_seconds: float):
+    """A CdcSync with only what `_drain` uses: the reader's queue and the two limits."""
+    import queue
+    from types import SimpleNamespace
+
+    from jobs.cdc_sync import CdcSync
+
+    sync = CdcSync.__new__(CdcSync)
+    sync.reader = SimpleNamespace(items=queue.Queue())
+    sync.max_batch_changes = 1_000_000
+    sync.change_wait_seconds = change_wait_seconds
+    return sync
+
+
+def _transaction(n: int, committed: float):
+    from jobs.cdc.binlog_reader import Transaction
+    from jobs.cdc.change_batch import RowChange
+
+    change = RowChange(UPSERT, (n,), {"id": n})
+    end = BinlogPosition("mysql-bin.000001", 100 + n)
+    return Transaction({("user_db", "t"): [change]}, end, int(committed))
+
+
+def _put_later(items, transactions, gap: float) -> None:
+    import threading
+    import time
+
+    def feed() -> None:
+        for transaction in transactions:
+            time.sleep(gap)
+            items.put(transaction)
+
+    threading.Thread(target=feed, daemon=True).start()
+
+
+def test_an_idle_batch_starts_when_the_first_change_arrives() -> None:
+    import time
+
+    sync = _drainer(change_wait_seconds=30.0)
+    _put_later(sync.reader.items, [_transaction(1, time.time())], gap=0.3)
+    began = time.monotonic()
+    transactions, ddl, drained_all = sync._drain()
+    assert [t.end.pos for t in transactions] == [101]
+    assert ddl is None and drained_all
+    assert time.monotonic() - began < 30.0  # returned on arrival, not at the end of the wait
+
+
+def test_an_idle_batch_with_nothing_to_do_returns_empty() -> None:
+    sync = _drainer(change_wait_seconds=0.2)
+    assert sync._drain() == ([], None, True)
+
+
+def test_catching_up_a_batch_waits_out_the_readers_pauses(monkeypatch) -> None:
+    import time
+
+    import jobs.cdc_sync as cdc_sync
+
+    monkeypatch.setattr(cdc_sync, "CATCH_UP_GAP_SECONDS", 3.0)
+    sync = _drainer(change_wait_seconds=5.0)
+    old = time.time() - 3600  # the backlog's transactions committed an hour ago
+    _put_later(sync.reader.items, [_transaction(n, old) for n in range(4)], gap=0.3)
+    transactions, _, _ = sync._drain()
+    assert [t.end.pos for t in transactions] == [100, 101, 102, 103]  # one batch, one MERGE
+
+
+def test_close_to_the_source_a_pause_ends_the_batch() -> None:
+    import time
+
+    sync = _drainer(change_wait_seconds=5.0)
+    _put_later(sync.reader.items, [_transaction(n, time.time()) for n in range(2)], gap=0.5)
+    transactions, _, drained_all = sync._drain()
+    assert [t.end.pos for t in transactions] == [100] and drained_all  # the next one goes in the next batch

@@ -19,13 +19,12 @@ from jobs.common.snapshot_progress import (
     ConcurrentWriterError,
     find_commit,
     progress_as_of,
-    read_progress,
     retry_commit,
 )
 
 
 def stored_position(spark, target: str) -> BinlogPosition | None:
-    value = read_progress(spark, target, POSITION_KEY)
+    value = progress_as_of(spark, target, None, POSITION_KEY)
     return BinlogPosition.from_json(value) if value is not None else None
 
 

@@ -69,15 +69,15 @@ def read_stored_progress(spark, table: str, key: str) -> StoredProgress:
     return StoredProgress(rows[0]["value"], rows[0]["snapshot_id"]) if rows else StoredProgress(None, None)
 
 
-def _ancestors(spark, table: str, from_snapshot: int | None = None, max_depth: int = 1000):
+def _ancestors(spark, table: str, from_snapshot: int | None = None, max_depth: int | None = None):
     """Snapshots from `from_snapshot` (default: the current one) back through their parents, read
     from the table's fresh metadata (the catalog cache is off)."""
     jvm = spark.sparkContext._jvm
     table_ref = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table)
     snapshot = table_ref.currentSnapshot() if from_snapshot is None else table_ref.snapshot(from_snapshot)
-    for _ in range(max_depth):
-        if snapshot is None:
-            return
+    depth = 0
+    while snapshot is not None and (max_depth is None or depth < max_depth):
+        depth += 1
         yield snapshot
         parent = snapshot.parentId()
         snapshot = table_ref.snapshot(parent) if parent is not None else None
@@ -92,8 +92,10 @@ def find_commit(spark, table: str, commit_id: str) -> int | None:
     return None
 
 
-def progress_as_of(spark, table: str, snapshot_id: int, key: str) -> str | None:
-    """summary[`key`] of the newest snapshot carrying it at or before `snapshot_id` (its ancestry)."""
+def progress_as_of(spark, table: str, snapshot_id: int | None, key: str) -> str | None:
+    """summary[`key`] of the newest snapshot carrying it at or before `snapshot_id` (its ancestry;
+    None: the current snapshot's). Walks the loaded metadata in the driver: no Spark job, unlike
+    `read_progress`, which is why the per-commit checks use it."""
     for snapshot in _ancestors(spark, table, snapshot_id):
         value = snapshot.summary().get(key)
         if value is not None:
