@@ -17,6 +17,7 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -68,8 +69,8 @@ class DemoState:
     views: list[dict] = field(default_factory=list)
     jobs: list[dict] = field(default_factory=list)  # the streaming application's per-job status
     events: list[str] = field(default_factory=list)  # timeline lines: statements and their effects
-    changes_at: float | None = None
-    price_applied_at: float | None = None
+    changes_at: float | None = None  # wall clock (epoch s) when the UPDATEs committed
+    price_applied_at: float | None = None  # seconds from the UPDATE to the commit that showed it
     price_in_views_at: float | None = None
     new_price_views_before: int = 0  # views of (product 1, 8.1) from earlier runs
 
@@ -209,7 +210,7 @@ def run_statements(conn, state: DemoState, elapsed: float) -> None:
         cur.execute(PRICE_CHANGE)
         cur.execute(LEVEL_CHANGE)
     conn.commit()
-    state.changes_at = time.monotonic()
+    state.changes_at = time.time()  # compared with snapshot commit times
     state.new_price_views_before = new_price_views(state.views)
     state.events.append(f"t+{elapsed:.0f}s  MySQL: {PRICE_CHANGE}")
     state.events.append(f"t+{elapsed:.0f}s  MySQL: {LEVEL_CHANGE}")
@@ -221,15 +222,37 @@ def refresh(catalog, tracker: FreshnessTracker, state: DemoState, elapsed: float
     state.views = read_rows(catalog, VIEWS)
     if state.changes_at is None:
         return
-    since = time.monotonic() - state.changes_at
-    if state.price_applied_at is None and product_price(catalog, "1") == NEW_PRICE:
-        state.price_applied_at = since
-        state.events.append(f"t+{elapsed:.0f}s  CDC applied the new price to {PRODUCTS} ({since:.1f}s later)")
-    if state.price_in_views_at is None and new_price_views(state.views) > state.new_price_views_before:
-        state.price_in_views_at = since
-        state.events.append(
-            f"t+{elapsed:.0f}s  new clicks priced 8.1 counted in {VIEWS} ({since:.1f}s after the UPDATE)"
+    # Seen by this poll, timed by the commit that made it visible (the poll runs every second or so).
+    if state.price_applied_at is None and product_price(read_rows(catalog, PRODUCTS), "1") == NEW_PRICE:
+        committed = first_commit_showing(
+            catalog.load_table(PRODUCTS), state.changes_at, lambda rows: product_price(rows, "1") == NEW_PRICE
         )
+        state.price_applied_at = committed - state.changes_at
+        state.events.append(
+            f"t+{elapsed:.0f}s  CDC applied the new price to {PRODUCTS} ({state.price_applied_at:.1f}s later)"
+        )
+    before = state.new_price_views_before
+    if state.price_in_views_at is None and new_price_views(state.views) > before:
+        committed = first_commit_showing(
+            catalog.load_table(VIEWS), state.changes_at, lambda rows: new_price_views(rows) > before
+        )
+        state.price_in_views_at = committed - state.changes_at
+        state.events.append(
+            f"t+{elapsed:.0f}s  new clicks priced 8.1 counted in {VIEWS} "
+            f"({state.price_in_views_at:.1f}s after the UPDATE)"
+        )
+
+
+def first_commit_showing(table, after: float, shows: Callable[[list[dict]], bool]) -> float:
+    """Commit time (epoch s) of the first snapshot since `after` whose rows satisfy `shows`; the
+    current snapshot satisfies it, so one is always found."""
+    snapshots = sorted(table.snapshots(), key=lambda s: s.timestamp_ms)
+    for snapshot in snapshots:
+        if snapshot.timestamp_ms / 1000 >= after and shows(
+            table.scan(snapshot_id=snapshot.snapshot_id).to_arrow().to_pylist()
+        ):
+            return snapshot.timestamp_ms / 1000
+    return snapshots[-1].timestamp_ms / 1000
 
 
 def read_status(status_file) -> list[dict]:
@@ -432,8 +455,8 @@ def read_rows(catalog: CatalogWatch, table: str) -> list[dict]:
     return catalog.rows(table)
 
 
-def product_price(catalog, product_id: str) -> float | None:
-    rows = [r for r in read_rows(catalog, PRODUCTS) if r["productId"] == product_id]
+def product_price(products: list[dict], product_id: str) -> float | None:
+    rows = [r for r in products if r["productId"] == product_id]
     return float(rows[0]["product_price"]) if rows and rows[0]["product_price"] is not None else None
 
 
