@@ -7,9 +7,9 @@ Each micro-batch:
    once so both writes see the same records; the per-partition end offsets are observed in that
    same pass;
 3. enriches valid events with `dim_db.products` re-read this batch, appends them to the fact table
-   and the invalid ones to the rejects table, each commit carrying the batch's end offsets. A batch
-   without rejects skips the rejects commit (its offsets are stored by a later one, at the latest
-   after `rejects_commit_seconds` or on a clean stop).
+   and the invalid ones to the rejects table, each commit carrying the batch's end offsets. Rejects
+   are held and committed every `rejects_commit_seconds` (or on a clean stop), so they do not add a
+   commit to every batch.
 
 A table only receives records at or after its own stored offset, so a crash between the two
 commits, a kill -9 or a replay never duplicates anything. Run as `lakehouse run ingest` locally;
@@ -19,6 +19,7 @@ the same module is the EMR step.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
@@ -84,6 +85,9 @@ from jobs.spark_session import build_spark, stop_spark
 
 log = logging.getLogger("clickstream_ingest")
 
+# Held rejects keep their batches materialized: commit them once this many records are held.
+MAX_HELD_RECORDS = 1_000_000
+
 
 @dataclass(frozen=True)
 class IngestSettings:
@@ -93,7 +97,7 @@ class IngestSettings:
     products_table: str
     fetch: FetchSettings = field(default_factory=FetchSettings)
     max_backoff_seconds: float = 30.0
-    rejects_commit_seconds: float = 30.0  # longest gap between rejects commits when none arrive
+    rejects_commit_seconds: float = 10.0  # rejects are committed at most this often (and on a stop)
 
 
 # ---- offsets in snapshot summaries -----------------------------------------------------------------
@@ -159,6 +163,8 @@ class ClickstreamIngest:
         self.fact = TableProgress({}, None)
         self.rejects = TableProgress({}, None)  # in memory: may be ahead of what the table stores
         self._committed_rejects = self.rejects
+        self._held_rejects: list[DataFrame] = []  # rejects read but not committed yet
+        self._held_records = 0  # records of the batches those come from (kept materialized)
         self._metadata = TopicMetadata(self._client_config_factory)
         self._rejects_committed_at = time.monotonic()
 
@@ -245,12 +251,8 @@ class ClickstreamIngest:
         return result.records
 
     def finish(self) -> None:
-        """On a clean stop: store the rejects offsets that batches without rejects moved on."""
-        if self.rejects.offsets != self._committed_rejects.offsets:
-            nothing = self.spark.table(self.settings.rejects_table).where(F.lit(False))
-            self.rejects = self._committed_rejects = self._append(
-                self.settings.rejects_table, nothing, self._committed_rejects, self.rejects.offsets
-            )
+        """On a clean stop: commit the held rejects and the rejects offsets batches moved on."""
+        self._commit_rejects()
         self._metadata.close()
 
     def _starts(self, partitions: list[int]) -> tuple[Offsets, Offsets, Offsets]:
@@ -337,23 +339,40 @@ class ClickstreamIngest:
             result.committed.append("fact")
         result.fact_commit_ms = (time.monotonic() - began) * 1000
         crash_point("ingest.between-commits")
-        # A batch without rejects needs no rejects commit: its records are known to hold none, so the
-        # in-memory offsets move on and a later commit (or `finish`) stores them. Committing anyway
-        # every `rejects_commit_seconds` bounds what a restart after a crash re-reads.
-        new_rejects = advance(self.rejects.offsets, result.end_offsets)
-        due = result.rejects or began - self._rejects_committed_at >= self.settings.rejects_commit_seconds
-        if due and passes(reject_starts, result.end_offsets):
-            reject_rows = to_rejects(
-                rejected_records(fetched).where(offsets_at_or_after(reject_starts)), ingested_at
-            )
-            self.rejects = self._committed_rejects = self._append(
-                self.settings.rejects_table, reject_rows, self._committed_rejects, new_rejects
-            )
-            self._rejects_committed_at = time.monotonic()
-            result.committed.append("rejects")
-        else:
-            self.rejects = TableProgress(new_rejects, self._committed_rejects.snapshot_id)
+        # Rejects are few and nobody waits for them: a batch's rejects are held (the batch is
+        # materialized, so holding its rows costs no re-read) and committed with later ones every
+        # `rejects_commit_seconds`, when many are held, or on a clean stop. The fact commit alone
+        # then sets the pace of batches. A restart re-reads from the rejects' stored offsets, so
+        # what was held is derived again: nothing is lost, and the fact table takes nothing twice.
+        if result.rejects and passes(reject_starts, result.end_offsets):
+            self._held_rejects.append(rejected_records(fetched).where(offsets_at_or_after(reject_starts)))
+            self._held_records += result.records
+        self.rejects = TableProgress(
+            advance(self.rejects.offsets, result.end_offsets), self._committed_rejects.snapshot_id
+        )
+        if self._held_records >= MAX_HELD_RECORDS or (
+            began - self._rejects_committed_at >= self.settings.rejects_commit_seconds
+        ):
+            if self._commit_rejects():
+                result.committed.append("rejects")
         result.commit_ms = (time.monotonic() - began) * 1000
+
+    def _commit_rejects(self) -> bool:
+        """Commit the held rejects and the rejects' in-memory offsets; False if nothing moved."""
+        self._rejects_committed_at = time.monotonic()
+        if self.rejects.offsets == self._committed_rejects.offsets:
+            return False
+        if self._held_rejects:
+            rows = to_rejects(
+                functools.reduce(DataFrame.unionByName, self._held_rejects), F.current_timestamp()
+            )
+        else:
+            rows = self.spark.table(self.settings.rejects_table).where(F.lit(False))
+        self.rejects = self._committed_rejects = self._append(
+            self.settings.rejects_table, rows, self._committed_rejects, self.rejects.offsets
+        )
+        self._held_rejects, self._held_records = [], 0
+        return True
 
     def _append(self, table: str, rows: DataFrame, base: TableProgress, offsets: Offsets) -> TableProgress:
         """Append `rows` with `offsets` in the same commit, exactly once. Fails with

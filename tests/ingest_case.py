@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -74,7 +75,9 @@ class Case:
     def rows(self, table: str, catalog) -> list[dict]:
         return catalog.load_table(table).scan().to_arrow().to_pylist()
 
-    def new_ingest(self, spark, max_records_per_partition: int | None = None):
+    def new_ingest(
+        self, spark, max_records_per_partition: int | None = None, rejects_commit_seconds: float | None = None
+    ):
         """The job's batch loop object, in this process (prepared: offsets read)."""
         from jobs.clickstream.kafka_source import FetchSettings
         from jobs.clickstream_ingest import ClickstreamIngest, IngestSettings
@@ -89,6 +92,8 @@ class Case:
             products_table=self.config.table("dim_db", "products"),
             fetch=fetch,
         )
+        if rejects_commit_seconds is not None:
+            settings = dataclasses.replace(settings, rejects_commit_seconds=rejects_commit_seconds)
         ingest = ClickstreamIngest(spark, self.config, settings, StopRequest())
         ingest.prepare()
         return ingest

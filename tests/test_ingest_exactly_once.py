@@ -88,17 +88,35 @@ def test_a_second_writer_on_the_same_tables_aborts_with_a_clear_error(spark, lak
 
     fact = case.rows(case.fact, catalog)
     assert duplicated(fact) == 0
-    assert_exactly_once(case, catalog, delivered)
-    # The first one carries on undisturbed.
+    assert sorted(keys(fact)) == sorted((p, o) for p, o, kind, *_ in delivered if kind == VALID)
+    # The first one carries on undisturbed (its rejects are committed by `finish` at the latest).
     more = case.produce_generated(300, seed=34, bad_ratio=0.0)
     assert first.run_batch() == 300
     first.finish()
-    assert sorted(keys(case.rows(case.fact, catalog))) == sorted(
-        (p, o) for p, o, kind, *_ in delivered + more if kind == VALID
-    )
+    assert_exactly_once(case, catalog, delivered + more)
     # Exclusive appends are still `append` snapshots to readers (overwrite-nothing adds only).
     operations = {s.summary.operation.value for s in catalog.load_table(case.fact).snapshots()}
     assert operations == {"append"}
+
+
+def test_rejects_are_held_across_batches_and_land_once_on_a_clean_stop(spark, lake_config, catalog):
+    """Rejects do not add a commit to every batch: they are held, and committed together."""
+    case = Case(lake_config, "held_rejects")
+    delivered = case.produce_generated(900, seed=36, bad_ratio=0.1)
+    ingest = case.new_ingest(spark, max_records_per_partition=100, rejects_commit_seconds=3600)
+    handled = 0
+    for _ in range(30):
+        handled += ingest.run_batch()
+        if handled == 900:
+            break
+    assert ingest.batches >= 3
+    assert sorted(keys(case.rows(case.fact, catalog))) == sorted(
+        (p, o) for p, o, kind, *_ in delivered if kind == VALID
+    )
+    assert catalog.load_table(case.rejects).snapshots() == []  # held, not committed yet
+    ingest.finish()
+    assert_exactly_once(case, catalog, delivered)
+    assert len(catalog.load_table(case.rejects).snapshots()) == 1
 
 
 def test_killed_between_the_fact_and_rejects_commits_lands_every_record_once(lake_config, catalog):
