@@ -43,8 +43,10 @@ class ScriptedReader:
     def __init__(self, start: int, script: list[int]) -> None:
         self.position, self.warm, self.assigned_at, self.errors = start, True, time.monotonic() - 10, []
         self._script = list(script)
+        self.polls: list[tuple[int, float]] = []  # (count asked for, timeout) per poll
 
     def consume(self, count: int, timeout: float) -> list[Message]:
+        self.polls.append((count, timeout))
         n = min(count, self._script.pop(0) if self._script else 0)
         messages = [Message(self.position + i) for i in range(n)]
         self.position += n
@@ -94,7 +96,18 @@ def test_the_executors_get_every_field_of_the_planned_ranges(spark):
 
 def test_past_the_minimum_end_a_short_poll_ends_the_range_at_once():
     plan = OffsetRange("t", 0, start=0, max_records=10_000, min_end=10)
-    assert offsets_read(ScriptedReader(0, [1, 9, 5, 5, 5]), plan) == 10
+    # Up to the end (1 + 9), then what the next poll finds buffered (5): short, so the range ends.
+    assert offsets_read(ScriptedReader(0, [1, 9, 5, 5, 5]), plan) == 15
+
+
+def test_reaching_the_minimum_end_costs_no_wait():
+    """Below the end a poll asks for no more than are left (it returns once it has them); past it,
+    polls take what is buffered without waiting."""
+    plan = OffsetRange("t", 0, start=0, max_records=10_000, min_end=10)
+    reader = ScriptedReader(0, [1, 4, 5, 3])
+    assert offsets_read(reader, plan) == 13
+    assert [count for count, _ in reader.polls] == [1, 9, 5, 9_990]
+    assert reader.polls[-1][1] == 0.0
 
 
 class ScriptedIngest(ClickstreamIngest):

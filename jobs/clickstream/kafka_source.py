@@ -331,7 +331,7 @@ def _read_range(reader: _PartitionReader, plan: OffsetRange, settings: FetchSett
         # The watermark says nothing new was there at planning: a short look is enough.
         first_poll = settings.idle_poll_seconds
     messages = reader.consume(1, first_poll)
-    requested = 1
+    asked, past_min_end = 1, False
     # A consumer just (re)assigned has no prefetched records yet and fetches in small steps at
     # first: a short poll then says nothing about being caught up, so until `first_poll_seconds`
     # after the assign a poll may wait that long to fill up.
@@ -348,21 +348,27 @@ def _read_range(reader: _PartitionReader, plan: OffsetRange, settings: FetchSett
         read += len(messages)
         if records:
             yield _arrow_batch(plan.partition, records, int(time.time() * 1000))
-        # Below the minimum end every record exists: keep reading whatever a poll returns. Past it,
-        # a short poll means caught up. Without a planned end (the broker gave no watermark) only
-        # an empty poll, or a short one after min_fetch_seconds, does: librdkafka refills its
-        # buffer in fetch-sized chunks, so a short poll on a busy box says little by itself.
+        # Below the minimum end every record exists: keep reading whatever a poll returns, asking
+        # for no more than are left below it (a poll returns once it has what it asked for, so
+        # reaching the end costs no wait). Past it, take what is already buffered, without
+        # waiting; a short poll there means caught up. Without a planned end (the broker gave no
+        # watermark) only an empty poll, or a short one after min_fetch_seconds, does: librdkafka
+        # refills its buffer in fetch-sized chunks, so a short poll on a busy box says little.
         elapsed = time.monotonic() - began
         if read >= plan.max_records or elapsed >= settings.max_fetch_seconds:
             break
-        if reader.position is not None and reader.position < plan.min_end:
-            pass
-        elif len(messages) < requested and (
-            not messages or plan.min_end > 0 or elapsed >= settings.min_fetch_seconds
-        ):
-            break
         requested = min(settings.poll_batch, plan.max_records - read)
-        messages = reader.consume(requested, max(settings.idle_poll_seconds, ramped_up_at - time.monotonic()))
+        wait = max(settings.idle_poll_seconds, ramped_up_at - time.monotonic())
+        if reader.position is not None and reader.position < plan.min_end:
+            requested = min(requested, plan.min_end - reader.position)
+        elif plan.min_end > 0:
+            if past_min_end and len(messages) < asked:
+                break
+            past_min_end, wait = True, 0.0
+        elif len(messages) < asked and (not messages or elapsed >= settings.min_fetch_seconds):
+            break
+        asked = requested
+        messages = reader.consume(requested, wait)
     if read == 0 and any(e.code() in _BROKER_DOWN_CODES for e in reader.errors):
         raise BrokerUnavailable(
             f"broker unreachable while fetching {plan.topic}[{plan.partition}]: {reader.errors[-1]}"
