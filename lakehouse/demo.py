@@ -111,6 +111,9 @@ def run_demo(console: Console, options: DemoOptions) -> None:
 
         catch_up(catalog, tracker, state, supervisor, timeout=90)
         codes = supervisor.stop()
+        # Stopping, the ingest commits the rejects it still held (it commits them every 10 s).
+        state.clicks = total_records(catalog, CLICKS) - state.clicks_before
+        state.rejects = total_records(catalog, REJECTS) - state.rejects_before
         state.jobs = read_status(status_file)
         cdc_changes = next((j["records"] for j in state.jobs if j["name"] == "cdc"), "unknown")
         failed = {name: code for name, code in codes.items() if code != 0}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 
 import pytest
 from support import private_stack_env, run_cli
@@ -40,6 +41,18 @@ def test_short_demo_runs_the_scenario_end_to_end(demo_env, tmp_path):
     sent = read_topic(f"127.0.0.1:{demo_env['LAKEHOUSE_KAFKA_PORT']}", "clicktopic")
     landed = collections.Counter((r["kafka_partition"], r["kafka_offset"]) for r in clicks + rejects)
     assert landed == collections.Counter(sent.keys()), (len(sent), sum(landed.values()))
+    # The summary's counts are the tables' (the 30 warm-up events, all valid, are not in them).
+    shown = {
+        label: int(re.search(rf"{re.escape(label)}\s*│\s*([\d,]+)", out).group(1).replace(",", ""))
+        for label in (
+            "events produced",
+            "events in (ods_behavior.clickevent)",
+            "rejects (ods_behavior.clickevent_rejects)",
+        )
+    }
+    assert shown["events in (ods_behavior.clickevent)"] == len(clicks) - 30
+    assert shown["rejects (ods_behavior.clickevent_rejects)"] == len(rejects)
+    assert len(clicks) - 30 + len(rejects) == shown["events produced"] == 6000
     for row in clicks:
         assert (
             row["productId"] == json.loads(sent[(row["kafka_partition"], row["kafka_offset"])])["productId"]
