@@ -97,7 +97,9 @@ class IngestSettings:
     products_table: str
     fetch: FetchSettings = field(default_factory=FetchSettings)
     max_backoff_seconds: float = 30.0
-    rejects_commit_seconds: float = 10.0  # rejects are committed at most this often (and on a stop)
+    # Held rejects are committed once this long passed since the last rejects commit (checked after
+    # every batch), sooner when many records are held, and on a clean stop.
+    rejects_commit_seconds: float = 10.0
 
 
 # ---- offsets in snapshot summaries -----------------------------------------------------------------
@@ -223,6 +225,7 @@ class ClickstreamIngest:
             rejects=sum(s.rejects for s in stats.values()),
         )
         if not result.records:
+            self._commit_rejects_when_due()  # a quiet topic must not keep rejects uncommitted
             return 0
         result.valid = result.records - result.rejects
         # The batch's end is defined by what was read, never by the broker's watermark.
@@ -318,6 +321,7 @@ class ClickstreamIngest:
                     reason,
                     delay,
                 )
+                self._commit_rejects_when_due()  # the catalog may be up while the broker is not
                 self.stop.wait(delay)
                 delay = min(delay * 2, self.settings.max_backoff_seconds)
         return None
@@ -340,22 +344,31 @@ class ClickstreamIngest:
         result.fact_commit_ms = (time.monotonic() - began) * 1000
         crash_point("ingest.between-commits")
         # Rejects are few and nobody waits for them: a batch's rejects are held (the batch is
-        # materialized, so holding its rows costs no re-read) and committed with later ones every
-        # `rejects_commit_seconds`, when many are held, or on a clean stop. The fact commit alone
-        # then sets the pace of batches. A restart re-reads from the rejects' stored offsets, so
-        # what was held is derived again: nothing is lost, and the fact table takes nothing twice.
+        # materialized, so holding its rows costs no re-read) and committed with later ones once
+        # `rejects_commit_seconds` passed (checked after every batch, empty ones too), when many
+        # are held, or on a clean stop. The fact commit alone then sets the pace of batches. A
+        # restart re-reads from the rejects' stored offsets, so what was held is derived again:
+        # nothing is lost, and the fact table takes nothing twice. (Held batches live in the
+        # executors' block stores: losing an executor fails the next rejects commit, and the job
+        # restarts from the stored offsets.)
         if result.rejects and passes(reject_starts, result.end_offsets):
             self._held_rejects.append(rejected_records(fetched).where(offsets_at_or_after(reject_starts)))
             self._held_records += result.records
         self.rejects = TableProgress(
             advance(self.rejects.offsets, result.end_offsets), self._committed_rejects.snapshot_id
         )
-        if self._held_records >= MAX_HELD_RECORDS or (
-            began - self._rejects_committed_at >= self.settings.rejects_commit_seconds
-        ):
-            if self._commit_rejects():
-                result.committed.append("rejects")
+        if self._commit_rejects_when_due():
+            result.committed.append("rejects")
         result.commit_ms = (time.monotonic() - began) * 1000
+
+    def _commit_rejects_when_due(self) -> bool:
+        """Commit the held rejects once `rejects_commit_seconds` passed since the last rejects
+        commit (checked after every batch, empty ones too) or many records are held."""
+        if self._held_records >= MAX_HELD_RECORDS or (
+            time.monotonic() - self._rejects_committed_at >= self.settings.rejects_commit_seconds
+        ):
+            return self._commit_rejects()
+        return False
 
     def _commit_rejects(self) -> bool:
         """Commit the held rejects and the rejects' in-memory offsets; False if nothing moved."""

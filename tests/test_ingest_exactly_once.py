@@ -119,6 +119,25 @@ def test_rejects_are_held_across_batches_and_land_once_on_a_clean_stop(spark, la
     assert len(catalog.load_table(case.rejects).snapshots()) == 1
 
 
+def test_held_rejects_are_committed_when_due_while_the_topic_is_quiet(spark, lake_config, catalog):
+    """A batch with rejects, then nothing more on the topic: the next (empty) batch past the
+    commit interval commits them; the job does not wait for new records or a stop."""
+    import dataclasses
+
+    case = Case(lake_config, "quiet_rejects")
+    delivered = case.produce_generated(300, seed=37, bad_ratio=0.2)
+    ingest = case.new_ingest(spark, rejects_commit_seconds=3600)
+    handled = 0
+    for _ in range(30):
+        handled += ingest.run_batch()
+        if handled == 300:
+            break
+    assert catalog.load_table(case.rejects).snapshots() == []  # held
+    ingest.settings = dataclasses.replace(ingest.settings, rejects_commit_seconds=0.0)  # now due
+    assert ingest.run_batch() == 0  # nothing new on the topic
+    assert_exactly_once(case, catalog, delivered)
+
+
 def test_killed_between_the_fact_and_rejects_commits_lands_every_record_once(lake_config, catalog):
     """kill -9 at the commit boundary (a test hook in the job), twice, then a clean run."""
     case = Case(lake_config, "crash_between_commits")
