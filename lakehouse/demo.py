@@ -247,15 +247,14 @@ def refresh(catalog, tracker: FreshnessTracker, state: DemoState, elapsed: float
 
 
 def first_commit_showing(table, after: float, shows: Callable[[list[dict]], bool]) -> float:
-    """Commit time (epoch s) of the first snapshot since `after` whose rows satisfy `shows`; the
-    current snapshot satisfies it, so one is always found."""
-    snapshots = sorted(table.snapshots(), key=lambda s: s.timestamp_ms)
-    for snapshot in snapshots:
+    """Commit time (epoch s) of the first snapshot since `after` whose rows satisfy `shows`; now, if
+    none does (what the poll saw was committed before `after`)."""
+    for snapshot in sorted(table.snapshots(), key=lambda s: s.timestamp_ms):
         if snapshot.timestamp_ms / 1000 >= after and shows(
             table.scan(snapshot_id=snapshot.snapshot_id).to_arrow().to_pylist()
         ):
             return snapshot.timestamp_ms / 1000
-    return snapshots[-1].timestamp_ms / 1000
+    return time.time()
 
 
 def read_status(status_file) -> list[dict]:

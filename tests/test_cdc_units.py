@@ -236,3 +236,26 @@ def test_close_to_the_source_a_pause_ends_the_batch() -> None:
     _put_later(sync.reader.items, [_transaction(n, time.time()) for n in range(2)], gap=0.5)
     transactions, _, drained_all = sync._drain()
     assert [t.end.pos for t in transactions] == [100] and drained_all  # the next one goes in the next batch
+
+
+def test_catching_up_a_batch_stops_at_its_size_cap_or_at_a_ddl() -> None:
+    import time
+
+    from jobs.cdc.binlog_reader import DdlEvent
+
+    old = time.time() - 3600
+    sync = _drainer(change_wait_seconds=1.0)
+    sync.max_batch_changes = 2
+    for n in range(5):
+        sync.reader.items.put(_transaction(n, old))
+    transactions, ddl, drained_all = sync._drain()
+    assert [t.end.pos for t in transactions] == [100, 101] and ddl is None and not drained_all
+
+    sync = _drainer(change_wait_seconds=1.0)
+    alter = DdlEvent(
+        classify("ALTER TABLE t ADD COLUMN x INT"), (("user_db", "t"),), BinlogPosition("f", 9), int(old)
+    )
+    for item in (_transaction(1, old), alter, _transaction(2, old)):
+        sync.reader.items.put(item)
+    transactions, ddl, drained_all = sync._drain()
+    assert [t.end.pos for t in transactions] == [101] and ddl is alter and not drained_all

@@ -110,6 +110,14 @@ def test_reaching_the_minimum_end_costs_no_wait():
     assert reader.polls[-1][1] == 0.0
 
 
+def test_when_nothing_was_new_at_planning_a_short_look_ends_the_range():
+    plan = OffsetRange("t", 0, start=100, max_records=10_000, min_end=100)
+    settings = FetchSettings(idle_poll_seconds=0.1)
+    reader = ScriptedReader(100, [3, 2])
+    assert sum(batch.num_rows for batch in _read_range(reader, plan, settings)) == 3
+    assert reader.polls == [(1, 0.1), (9_999, 0.0)]  # what arrived since, taken without waiting
+
+
 class ScriptedIngest(ClickstreamIngest):
     """The ingest's batch loop with scripted fetches: each `_batch` returns the next count and
     leaves the broker's watermarks as the script says (no Spark, no broker)."""

@@ -4,8 +4,10 @@ A range has a start, a cap and a minimum end, not an end. The minimum end is the
 watermark when the batch was planned (capped): every record below it exists, so a task never ends
 the range before it, whatever a poll returns; that makes a busy moment of the fetcher (short polls)
 cost time, not a batch. The watermark is a lower bound only: on MSK it is exact, and the local
-broker under-reports it (the start of the last produced batch + 1), so past it the task reads on
-until a poll comes back empty, or short after a minimum read time, or `max_records` were read. The
+broker under-reports it (the start of the last produced batch + 1), so past it the task takes
+what its consumer has already buffered (polls that do not wait) until one comes back short, or
+`max_records` were read. Without a watermark a range ends on an empty poll, or a short one after a
+minimum read time. The
 batch's end offsets are then taken from the records actually read (max offset + 1 per partition),
 observed while the batch is materialized.
 
