@@ -190,9 +190,7 @@ class CdcSync:
             log.info("tailing the binlog from %s for %s", start, ", ".join(t.spec.target for t in active))
         if self.warm_up:
             for state in active:  # while the reader starts on the binlog (and reads any backlog)
-                seconds = merge_warm_up.warm_up_merge(
-                    self.spark, state.columns, state.key, target_table.TABLE_PROPERTIES
-                )
+                seconds = merge_warm_up.warm_up_merge(self.spark, state.columns, state.key)
                 log.info("%s: MERGE warmed up (%.1fs)", state.spec.target, seconds)
         return self
 

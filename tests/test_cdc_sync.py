@@ -233,7 +233,6 @@ def test_apply_changes_updates_inserts_and_deletes(spark) -> None:
 
 def test_merge_warm_up_runs_the_merge_without_touching_the_lake(spark, caplog) -> None:
     from jobs.cdc.merge_warm_up import warm_up_merge
-    from jobs.cdc.target_table import TABLE_PROPERTIES
 
     table = "lakehouse.dim_db.cdc_test_warm_up"
     spark.sql(f"DROP TABLE IF EXISTS {table}")
@@ -258,7 +257,7 @@ def test_merge_warm_up_runs_the_merge_without_touching_the_lake(spark, caplog) -
     ]  # fmt: skip
     with caplog.at_level("INFO", logger="jobs.cdc.merge_warm_up"):
         for _ in range(2):  # the scratch catalog is registered once and reused
-            warm_up_merge(spark, columns, ("id",), TABLE_PROPERTIES)
+            warm_up_merge(spark, columns, ("id",))
     assert "skipped" not in caplog.text  # the MERGE ran
     assert lake() == before
     assert not os.path.exists(os.path.join(spark.sparkContext._temp_dir, "lakehouse_cdc_warm_up"))

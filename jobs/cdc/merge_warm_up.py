@@ -19,11 +19,11 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Mapping
 from decimal import Decimal
 
 from jobs.cdc.apply_changes import changes_frame, merge_statement
 from jobs.cdc.change_batch import UPSERT, RowChange
+from jobs.cdc.target_table import create_iceberg_table
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +46,6 @@ def sample_value(kind: str) -> object:
     return Decimal(0) if kind.startswith("decimal") else _SAMPLES[kind]
 
 
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
 def _scratch_catalog(spark) -> str:
     """The scratch catalog's warehouse: a directory in the driver's Spark temp dir (removed with it)."""
     warehouse = os.path.join(spark.sparkContext._temp_dir, CATALOG)
@@ -63,9 +59,7 @@ def _scratch_catalog(spark) -> str:
     return warehouse
 
 
-def warm_up_merge(
-    spark, columns: list[tuple[str, str]], key: tuple[str, ...], properties: Mapping[str, str]
-) -> float:
+def warm_up_merge(spark, columns: list[tuple[str, str]], key: tuple[str, ...]) -> float:
     """Run the target's MERGE on a scratch table; returns the seconds spent.
 
     Best effort: a failure is logged and ignored (the first real MERGE then pays the cost).
@@ -74,9 +68,7 @@ def warm_up_merge(
     warehouse = _scratch_catalog(spark)
     name = f"{CATALOG}.warm_up.t_{uuid.uuid4().hex}"
     try:
-        ddl = ", ".join(f"{_quote(column)} {kind}" for column, kind in columns)
-        props = ", ".join(f"'{k}'='{v}'" for k, v in properties.items())
-        spark.sql(f"CREATE TABLE {name} ({ddl}) USING iceberg TBLPROPERTIES ({props})")
+        create_iceberg_table(spark, name, columns, key)  # as the target is created
         row = {column: sample_value(kind) for column, kind in columns}
         change = RowChange(UPSERT, tuple(row[k] for k in key), row)
         changes_frame(spark, columns, [change]).createOrReplaceTempView("cdc_warm_up")

@@ -39,9 +39,12 @@ def target_columns(spark, table: str) -> list[tuple[str, str]]:
 
 def create_table(spark, table: str, columns: tuple[SourceColumn, ...], key: tuple[str, ...]) -> None:
     """Create the target if missing (another job may create it first: IF NOT EXISTS)."""
-    cols = ", ".join(
-        f"{_quote(c.name)} {c.spark_type}{' NOT NULL' if c.name in key else ''}" for c in columns
-    )
+    create_iceberg_table(spark, table, [(c.name, c.spark_type) for c in columns], key)
+
+
+def create_iceberg_table(spark, table: str, columns: list[tuple[str, str]], key: tuple[str, ...]) -> None:
+    """A table of (name, Spark SQL type) columns, the key NOT NULL, with our table properties."""
+    cols = ", ".join(f"{_quote(name)} {kind}{' NOT NULL' if name in key else ''}" for name, kind in columns)
     props = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
     spark.sql(f"CREATE TABLE IF NOT EXISTS {table} ({cols}) USING iceberg TBLPROPERTIES ({props})")
 
