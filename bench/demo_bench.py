@@ -30,6 +30,11 @@ AGREEMENT = 0.20
 TARGET_CLICK_P95 = 3.0
 TARGET_VIEWS_P95 = 6.0
 TARGET_RSS_GIB = 4.0
+TARGET_DIM_SECONDS = 3.0
+TARGET_PRICE_SECONDS = 8.0
+TARGET_STEADY_RATE_P95 = 5.0
+# Issue 13's "now" column: `make demo` with three Spark applications, before the streaming app.
+BEFORE = {"clicks": "25-112s (p95)", "views": "~11s (p95)", "dim": "4.0s", "price": "13.9-15.6s"}
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -77,18 +82,27 @@ def _one_run(index: int, seconds: float, rate: int) -> list[dict]:
     views_p50, views_p95 = percentiles(measured["views"])
     agree = shown is not None and abs(shown[1] - click_p95) <= AGREEMENT * click_p95
     rss_gib, pss_gib = peak["rss"] / 1024**3, peak.get("pss", 0) / 1024**3
-    prefix = f"run {index}: " if rate == RATE else f"run {index} at {rate:,}/s: "
+    at_demo_rate = rate == RATE
+    prefix = f"run {index}: " if at_demo_rate else f"run {index} at {rate:,}/s: "
     demo_figure = "n/a" if shown is None else f"{shown[0]:.2f}s / {shown[1]:.2f}s"
+    # Above the demo's rate the question is the highest rate that keeps the ingest's p95 <= 5 s.
+    click_target = TARGET_CLICK_P95 if at_demo_rate else TARGET_STEADY_RATE_P95
+    dim_seconds = _timeline_seconds(demo.stdout, "CDC applied")
+    price_seconds = _timeline_seconds(demo.stdout, "counted in")
     return [
         row(prefix + "click freshness p50 / p95 (outside)", f"{click_p50:.2f}s / {click_p95:.2f}s",
-            f"p95 <= {TARGET_CLICK_P95}s", click_p95 <= TARGET_CLICK_P95),
+            f"p95 <= {click_target}s", click_p95 <= click_target,
+            before=BEFORE["clicks"] if at_demo_rate else "not measured"),
         row(prefix + "  the demo's own figure", demo_figure, f"p95 within {AGREEMENT:.0%}", agree),
         row(prefix + "click -> counted in product_views p50 / p95", f"{views_p50:.2f}s / {views_p95:.2f}s",
-            f"p95 <= {TARGET_VIEWS_P95}s", views_p95 <= TARGET_VIEWS_P95),
-        row(prefix + "UPDATE -> visible in dim_db.products", _timeline(demo.stdout, "CDC applied"), "<= 3s"),
-        row(prefix + "price UPDATE -> 8.1 clicks counted", _timeline(demo.stdout, "counted in"), "<= 8s"),
+            f"p95 <= {TARGET_VIEWS_P95}s", views_p95 <= TARGET_VIEWS_P95, before=BEFORE["views"]),
+        row(prefix + "UPDATE -> visible in dim_db.products", _shown(dim_seconds),
+            f"<= {TARGET_DIM_SECONDS}s", _within(dim_seconds, TARGET_DIM_SECONDS), before=BEFORE["dim"]),
+        row(prefix + "price UPDATE -> 8.1 clicks counted", _shown(price_seconds),
+            f"<= {TARGET_PRICE_SECONDS}s", _within(price_seconds, TARGET_PRICE_SECONDS),
+            before=BEFORE["price"]),
         row(prefix + "peak RSS (stack + demo + jobs)", f"{rss_gib:.2f} GiB (PSS {pss_gib:.2f})",
-            f"<= {TARGET_RSS_GIB} GiB", rss_gib <= TARGET_RSS_GIB),
+            f"<= {TARGET_RSS_GIB} GiB", rss_gib <= TARGET_RSS_GIB, before="not measured"),
         row(prefix + "  largest at the peak (GiB)", peak.get("top", "-")),
     ]  # fmt: skip
 
@@ -98,9 +112,17 @@ def _demo_freshness(stdout: str) -> tuple[float, float] | None:
     return (float(match.group(1)), float(match.group(2))) if match else None
 
 
-def _timeline(stdout: str, marker: str) -> str:
+def _timeline_seconds(stdout: str, marker: str) -> float | None:
     match = re.search(rf"{marker}.*?\(([\d.]+)s", stdout)
-    return f"{match.group(1)}s" if match else "not seen"
+    return float(match.group(1)) if match else None
+
+
+def _shown(seconds: float | None) -> str:
+    return "not seen" if seconds is None else f"{seconds:.1f}s"
+
+
+def _within(seconds: float | None, limit: float) -> bool:
+    return seconds is not None and seconds <= limit
 
 
 def _outside(home: Path, kafka_port: int) -> dict[str, list[float]]:

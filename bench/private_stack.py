@@ -49,6 +49,13 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), ordered[int(0.95 * (len(ordered) - 1))]
 
 
-def row(metric: str, measured: str, target: str = "-", met: bool | None = None) -> dict:
-    """One result row; every bench prints the same four columns."""
-    return {"metric": metric, "target": target, "measured": measured, "met": "-" if met is None else met}
+def row(metric: str, measured: str, target: str = "-", met: bool | None = None, before: str = "-") -> dict:
+    """One result row; every bench prints the same five columns. `before`: the figure an issue
+    recorded before the work it asked for (issue 13's "now" column), for comparison."""
+    return {
+        "metric": metric,
+        "before": before,
+        "target": target,
+        "measured": measured,
+        "met": "-" if met is None else met,
+    }
