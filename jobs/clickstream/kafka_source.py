@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from functools import cache
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -121,6 +122,7 @@ class TopicMetadata:
         self._client_config_factory = client_config_factory
         self._timeout = timeout
         self._client: Consumer | None = None
+        self._admin: AdminClient | None = None
 
     def partitions(self, topic: str) -> list[int]:
         """Partition ids of `topic`. Raises BrokerUnavailable when it cannot tell."""
@@ -136,21 +138,22 @@ class TopicMetadata:
         return sorted(found.partitions)
 
     def high_watermarks(self, topic: str, partitions: list[int]) -> dict[int, int]:
-        """Each partition's high watermark (a lower bound of its end on the local broker); a
-        partition the broker does not answer for is left out (its range then has no minimum end)."""
-        if self._client is None:
-            self._client = _consumer(self._client_config_factory())
-        found = {}
-        for partition in partitions:
-            try:
-                _, high = self._client.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=self._timeout, cached=False
-                )
-            except KafkaException as exc:
-                raise BrokerUnavailable(str(exc)) from exc
-            if high >= 0:
-                found[partition] = high
-        return found
+        """Each partition's high watermark (a lower bound of its end on the local broker), in one
+        ListOffsets request for all partitions (asking per partition took ~50 ms each on the local
+        broker, on every batch). Read-committed, as the fetch tasks read. A partition the broker
+        reports no offset for is left out (its range then has no minimum end)."""
+        if self._admin is None:
+            self._admin = AdminClient(self._client_config_factory())
+        try:
+            futures = self._admin.list_offsets(
+                {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
+                isolation_level=IsolationLevel.READ_COMMITTED,
+                request_timeout=self._timeout,
+            )
+            found = {tp.partition: future.result().offset for tp, future in futures.items()}
+        except KafkaException as exc:
+            raise BrokerUnavailable(str(exc)) from exc
+        return {p: high for p, high in found.items() if high >= 0}
 
     def earliest_offset(self, topic: str, partition: int) -> int:
         """The partition's earliest offset still held by the broker (older ones expired)."""
@@ -168,6 +171,7 @@ class TopicMetadata:
         if self._client is not None:
             self._client.close()
             self._client = None
+        self._admin = None  # an AdminClient has no close(); it goes with its last reference
 
 
 _EVENT_FIELDS = tuple(REQUIRED_FIELDS)  # the order `valid_event_values` returns them in
