@@ -11,6 +11,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from jobs.clickstream.kafka_source import BrokerUnavailable, TopicMetadata
 
+pytestmark = pytest.mark.stack
+
 
 def _topic_with_records(bootstrap: str, per_partition: dict[int, int]) -> str:
     topic = f"metadata_{uuid.uuid4().hex[:6]}"

@@ -18,6 +18,7 @@ fast path for valid events.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import logging
 import time
@@ -112,10 +113,13 @@ def check_topic(client_config: dict[str, object], topic: str, timeout: float = 1
 
 
 class TopicMetadata:
-    """Driver side: a topic's partition ids, asked of the broker every batch over one connection.
+    """Driver side: a topic's partitions and watermarks, asked of the broker every batch over clients
+    kept between batches (a consumer for metadata, an admin client for ListOffsets).
 
-    Asking every batch notices new partitions and an unreachable broker; keeping the client saves
-    a connect per batch.
+    Asking every batch notices new partitions and an unreachable broker; keeping the clients saves
+    a connect (and, on MSK, an IAM handshake) per batch. Every question raises BrokerUnavailable
+    when the broker cannot answer, creating a client included (with IAM, creating one waits for its
+    first token).
     """
 
     def __init__(self, client_config_factory: Callable[[], dict[str, object]], timeout: float = 5.0) -> None:
@@ -124,12 +128,20 @@ class TopicMetadata:
         self._client: Consumer | None = None
         self._admin: AdminClient | None = None
 
-    def partitions(self, topic: str) -> list[int]:
-        """Partition ids of `topic`. Raises BrokerUnavailable when it cannot tell."""
+    def _consumer(self) -> Consumer:
         if self._client is None:
             self._client = _consumer(self._client_config_factory())
+        return self._client
+
+    def _admin_client(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = AdminClient(self._client_config_factory())
+        return self._admin
+
+    def partitions(self, topic: str) -> list[int]:
+        """Partition ids of `topic`."""
         try:
-            metadata = self._client.list_topics(topic, timeout=self._timeout)
+            metadata = self._consumer().list_topics(topic, timeout=self._timeout)
         except KafkaException as exc:
             raise BrokerUnavailable(str(exc)) from exc
         found = metadata.topics.get(topic)
@@ -142,25 +154,22 @@ class TopicMetadata:
         ListOffsets request for all partitions (asking per partition took ~50 ms each on the local
         broker, on every batch). Read-committed, as the fetch tasks read. A partition the broker
         reports no offset for is left out (its range then has no minimum end)."""
-        if self._admin is None:
-            self._admin = AdminClient(self._client_config_factory())
         try:
-            futures = self._admin.list_offsets(
+            futures = self._admin_client().list_offsets(
                 {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
                 isolation_level=IsolationLevel.READ_COMMITTED,
                 request_timeout=self._timeout,
             )
-            found = {tp.partition: future.result().offset for tp, future in futures.items()}
-        except KafkaException as exc:
-            raise BrokerUnavailable(str(exc)) from exc
+            # librdkafka fails the request after request_timeout; the wait here only guards that.
+            found = {tp.partition: f.result(timeout=self._timeout + 5).offset for tp, f in futures.items()}
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:
+            raise BrokerUnavailable(str(exc) or "no answer to ListOffsets") from exc
         return {p: high for p, high in found.items() if high >= 0}
 
     def earliest_offset(self, topic: str, partition: int) -> int:
         """The partition's earliest offset still held by the broker (older ones expired)."""
-        if self._client is None:
-            self._client = _consumer(self._client_config_factory())
         try:
-            low, _ = self._client.get_watermark_offsets(
+            low, _ = self._consumer().get_watermark_offsets(
                 TopicPartition(topic, partition), timeout=self._timeout, cached=False
             )
         except KafkaException as exc:
