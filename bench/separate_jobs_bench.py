@@ -66,7 +66,7 @@ def _one_run(stack, index: int, seconds: float, rate: int) -> list[dict]:
         _gendata(WARM_UP_EVENTS)
         _wait(supervisor, lambda: total_records(catalog, CLICKS) >= WARM_UP_EVENTS)
         _wait(supervisor, lambda: _views_caught_up(catalog))
-        _gendata(count, "--rate", str(rate))
+        _gendata(count, "--rate", str(rate), timeout=seconds * 3 + 120)
         _wait(supervisor, lambda: total_records(catalog, CLICKS) >= WARM_UP_EVENTS + count)
         _wait(supervisor, lambda: _views_caught_up(catalog))
     finally:
@@ -91,15 +91,17 @@ def _one_run(stack, index: int, seconds: float, rate: int) -> list[dict]:
     ]  # fmt: skip
 
 
-def _gendata(count: int, *args: str) -> None:
+def _gendata(count: int, *args: str, timeout: float = 600) -> None:
     lakehouse = str(Path(sys.prefix) / "bin" / "lakehouse")
-    subprocess.run([lakehouse, "gendata", "--count", str(count), "--no-progress", *args], check=True)
+    command = [lakehouse, "gendata", "--count", str(count), "--no-progress", *args]
+    subprocess.run(command, check=True, timeout=timeout)
 
 
 def _views_caught_up(catalog) -> bool:
     """product_views has counted every click the click table holds (its watermark reached the
     click table's stored offsets)."""
     from jobs.clickstream.schema import OFFSETS_KEY, offsets_from_summary
+    from jobs.config import CLICK_TOPIC
     from jobs.product_views import PROGRESS_KEY, watermark_from_summary
 
     if not catalog.table_exists(CLICKS) or not catalog.table_exists(VIEWS):
@@ -108,7 +110,7 @@ def _views_caught_up(catalog) -> bool:
     views = catalog.load_table(VIEWS).current_snapshot()
     if clicks is None or views is None:
         return False
-    offsets = offsets_from_summary(clicks.summary.additional_properties.get(OFFSETS_KEY), "clicktopic")
+    offsets = offsets_from_summary(clicks.summary.additional_properties.get(OFFSETS_KEY), CLICK_TOPIC)
     watermark = watermark_from_summary(views.summary.additional_properties.get(PROGRESS_KEY))[1]
     return bool(offsets) and all(watermark.get(p, 0) >= o for p, o in offsets.items())
 
