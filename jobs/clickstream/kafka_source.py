@@ -18,7 +18,6 @@ fast path for valid events.
 
 from __future__ import annotations
 
-import concurrent.futures
 import itertools
 import logging
 import time
@@ -26,8 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from functools import cache
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -113,30 +111,26 @@ def check_topic(client_config: dict[str, object], topic: str, timeout: float = 1
 
 
 class TopicMetadata:
-    """Driver side: a topic's partitions and watermarks, asked of the broker every batch over clients
-    kept between batches (a consumer for metadata, an admin client for ListOffsets).
+    """Driver side: a topic's partitions and watermarks, asked of the broker every batch over one
+    kept connection.
 
-    Asking every batch notices new partitions and an unreachable broker; keeping the clients saves
+    Asking every batch notices new partitions and an unreachable broker; keeping the client saves
     a connect (and, on MSK, an IAM handshake) per batch. Every question raises BrokerUnavailable
-    when the broker cannot answer, creating a client included (with IAM, creating one waits for its
-    first token).
+    when the broker cannot answer, creating the client included (with IAM, it waits for its first
+    token). (One ListOffsets request for all partitions through confluent-kafka 2.16's AdminClient
+    was ~50 ms faster per batch on the local broker, but the streaming application once died of a
+    segmentation fault at its first batch with it (a NULL mutex in libc): not worth 50 ms.)
     """
 
     def __init__(self, client_config_factory: Callable[[], dict[str, object]], timeout: float = 5.0) -> None:
         self._client_config_factory = client_config_factory
         self._timeout = timeout
         self._client: Consumer | None = None
-        self._admin: AdminClient | None = None
 
     def _consumer(self) -> Consumer:
         if self._client is None:
             self._client = _consumer(self._client_config_factory())
         return self._client
-
-    def _admin_client(self) -> AdminClient:
-        if self._admin is None:
-            self._admin = AdminClient(self._client_config_factory())
-        return self._admin
 
     def partitions(self, topic: str) -> list[int]:
         """Partition ids of `topic`."""
@@ -150,37 +144,32 @@ class TopicMetadata:
         return sorted(found.partitions)
 
     def high_watermarks(self, topic: str, partitions: list[int]) -> dict[int, int]:
-        """Each partition's high watermark (a lower bound of its end on the local broker), in one
-        ListOffsets request for all partitions (asking per partition took ~50 ms each on the local
-        broker, on every batch). Read-committed, as the fetch tasks read. A partition the broker
-        reports no offset for is left out (its range then has no minimum end)."""
-        try:
-            futures = self._admin_client().list_offsets(
-                {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
-                isolation_level=IsolationLevel.READ_COMMITTED,
-                request_timeout=self._timeout,
-            )
-            # librdkafka fails the request after request_timeout; the wait here only guards that.
-            found = {tp.partition: f.result(timeout=self._timeout + 5).offset for tp, f in futures.items()}
-        except (KafkaException, concurrent.futures.TimeoutError) as exc:
-            raise BrokerUnavailable(str(exc) or "no answer to ListOffsets") from exc
-        return {p: high for p, high in found.items() if high >= 0}
+        """Each partition's high watermark (a lower bound of its end on the local broker); a
+        partition the broker does not answer for is left out (its range then has no minimum end)."""
+        found = {}
+        for partition in partitions:
+            _, high = self._watermarks(topic, partition)
+            if high >= 0:
+                found[partition] = high
+        return found
 
     def earliest_offset(self, topic: str, partition: int) -> int:
         """The partition's earliest offset still held by the broker (older ones expired)."""
+        low, _ = self._watermarks(topic, partition)
+        return low
+
+    def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         try:
-            low, _ = self._consumer().get_watermark_offsets(
+            return self._consumer().get_watermark_offsets(
                 TopicPartition(topic, partition), timeout=self._timeout, cached=False
             )
         except KafkaException as exc:
             raise BrokerUnavailable(str(exc)) from exc
-        return low
 
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
-        self._admin = None  # an AdminClient has no close(); it goes with its last reference
 
 
 _EVENT_FIELDS = tuple(REQUIRED_FIELDS)  # the order `valid_event_values` returns them in
