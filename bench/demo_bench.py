@@ -130,6 +130,7 @@ def _outside(home: Path, kafka_port: int) -> dict[str, list[float]]:
     """Latencies computed from the topic's timestamps and the tables' snapshot metadata alone."""
     from jobs.clickstream.schema import OFFSETS_KEY, offsets_from_summary
     from jobs.product_views import PROGRESS_KEY, watermark_from_summary
+    from lakehouse.demo import WARM_UP_EVENTS
     from lakehouse.local.catalog import pyiceberg_catalog
 
     records = _topic_timestamps(f"127.0.0.1:{kafka_port}")
@@ -148,8 +149,8 @@ def _outside(home: Path, kafka_port: int) -> dict[str, list[float]]:
         "ods_behavior.clickevent", lambda s: offsets_from_summary(s.get(OFFSETS_KEY), "clicktopic")
     )
     views = covered_at("ads_behavior.product_views", lambda s: watermark_from_summary(s.get(PROGRESS_KEY))[1])
-    # The demo's 30 warm-up events go first; its figure leaves them out, so does this one.
-    measured = sorted(records, key=lambda r: r[2])[30:]
+    # The demo's warm-up events go first; its figure leaves them out, so does this one.
+    measured = sorted(records, key=lambda r: r[2])[WARM_UP_EVENTS:]
     return {"clicks": _latencies(measured, clicks), "views": _latencies(measured, views)}
 
 

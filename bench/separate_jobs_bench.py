@@ -19,15 +19,12 @@ from bench.demo_bench import TARGET_CLICK_P95, TARGET_VIEWS_P95, _outside, _samp
 from bench.private_stack import percentiles, private_stack, row
 
 RATE = 200
-WARM_UP_EVENTS = 30  # _outside leaves the first 30 records out, as it does the demo's warm-up
 JOBS = (
     # name, module, the log line that says it is consuming
     ("cdc", "jobs.cdc_sync", r"tailing the binlog"),
     ("ingest", "jobs.clickstream_ingest", r"resuming"),
     ("views", "jobs.product_views", r"resuming"),
 )
-CLICKS = "ods_behavior.clickevent"
-VIEWS = "ads_behavior.product_views"
 READY_SECONDS = 300
 
 
@@ -43,7 +40,7 @@ def run() -> list[dict]:
 
 
 def _one_run(stack, index: int, seconds: float, rate: int) -> list[dict]:
-    from lakehouse.demo import CatalogWatch, total_records
+    from lakehouse.demo import CLICKS, WARM_UP_EVENTS, CatalogWatch, total_records
     from lakehouse.local.catalog import pyiceberg_catalog
     from lakehouse.supervisor import Supervisor
 
@@ -103,6 +100,7 @@ def _views_caught_up(catalog) -> bool:
     from jobs.clickstream.schema import OFFSETS_KEY, offsets_from_summary
     from jobs.config import CLICK_TOPIC
     from jobs.product_views import PROGRESS_KEY, watermark_from_summary
+    from lakehouse.demo import CLICKS, VIEWS
 
     if not catalog.table_exists(CLICKS) or not catalog.table_exists(VIEWS):
         return False

@@ -42,6 +42,7 @@ NEW_PRICE = 8.1
 CLICKS = "ods_behavior.clickevent"
 REJECTS = "ods_behavior.clickevent_rejects"
 VIEWS = "ads_behavior.product_views"
+WARM_UP_EVENTS = 30  # produced and counted before the clock starts; not in the freshness figure
 PRODUCTS = "dim_db.products"
 MEMBERS = "dim_db.user_member"
 
@@ -285,8 +286,10 @@ def warm_up(config, catalog, tracker: FreshnessTracker, supervisor: Supervisor, 
     Spark job pays for starting its Python workers, which is not what freshness should measure."""
     from jobs.gendata import generate_records, produce, producer_config
 
-    events = generate_records(30)
-    produce(producer_config(config), config.kafka.topic, events, 30, on_delivered=tracker.produced)
+    events = generate_records(WARM_UP_EVENTS)
+    produce(
+        producer_config(config), config.kafka.topic, events, WARM_UP_EVENTS, on_delivered=tracker.produced
+    )
     deadline = time.monotonic() + timeout
     while tracker.waiting and time.monotonic() < deadline:
         supervisor.check()
