@@ -92,6 +92,26 @@ class ComputeSettings:
 
 
 @dataclass(frozen=True)
+class SparkResources:
+    """What one Spark application may take from YARN. EMR turns dynamic allocation on with no upper
+    bound: an uncapped streaming application grows onto every node, and managed scaling then adds
+    (and holds) task nodes for the batch jobs beside it."""
+
+    driver_memory: str
+    executor_memory: str
+    executor_cores: int
+    max_executors: int
+
+    def submit_conf(self) -> dict[str, str]:
+        return {
+            "spark.driver.memory": self.driver_memory,
+            "spark.executor.memory": self.executor_memory,
+            "spark.executor.cores": str(self.executor_cores),
+            "spark.dynamicAllocation.maxExecutors": str(self.max_executors),
+        }
+
+
+@dataclass(frozen=True)
 class JobSettings:
     """How the jobs run on the cluster (infra/constructs/job_deployment.py)."""
 
@@ -103,6 +123,9 @@ class JobSettings:
     # dev: CDC, ingest and views in one step (`jobs.streaming`: one driver on a small cluster);
     # prod: a step each, so each restarts and scales alone.
     one_streaming_application: bool
+    # Per streaming application (dev: the one; prod: each job's) and per batch job.
+    streaming_resources: SparkResources
+    batch_resources: SparkResources
 
 
 @dataclass(frozen=True)
@@ -289,6 +312,11 @@ _DEV = DeploymentConfig(
         max_failures_per_hour=5,
         log_retention=logs.RetentionDays.ONE_WEEK,
         one_streaming_application=True,
+        # m5.xlarge: 4 vCPU, ~12 GiB for YARN per node; core + one Spot task node = 8 vCPU, 24 GiB.
+        # Streaming: driver (~2.4 GiB with overhead) + 2 x 2.4 GiB; batch jobs beside it: the same
+        # again, so both fit on the two nodes and managed scaling has no reason to add more.
+        streaming_resources=SparkResources("2g", "2g", 2, max_executors=2),
+        batch_resources=SparkResources("2g", "2g", 2, max_executors=2),
     ),
     log_retention_cap_days=30,
 )
@@ -357,6 +385,10 @@ _PROD = replace(
         max_failures_per_hour=10,
         log_retention=logs.RetentionDays.THREE_MONTHS,
         one_streaming_application=False,
+        # m5.2xlarge: 8 vCPU, ~24 GiB for YARN per node; 3 core + 1 task = 32 vCPU, 96 GiB. Three
+        # streaming applications at up to 2 x (4 cores, 8 GiB) each, batch jobs up to 3 executors.
+        streaming_resources=SparkResources("4g", "8g", 4, max_executors=2),
+        batch_resources=SparkResources("4g", "8g", 4, max_executors=3),
     ),
     log_retention_cap_days=731,
 )

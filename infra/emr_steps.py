@@ -68,12 +68,12 @@ def environment_args(job_settings: Mapping[str, object]) -> list[str]:
     flags = (
         ("--env", "env"),
         ("--region", "region"),
-        ("--warehouse", "warehouse"),
         ("--kafka-bootstrap", "kafka_bootstrap"),
+        ("--kafka-auth", "kafka_auth"),
         ("--mysql-host", "mysql_host"),
         ("--mysql-port", "mysql_port"),
         ("--mysql-cdc-secret-id", "mysql_cdc_secret_id"),
-        ("--checkpoint-dir", "checkpoint_dir"),
+        ("--mysql-ssl-ca", "mysql_ssl_ca"),
     )
     args: list[str] = []
     for flag, key in flags:
@@ -114,9 +114,12 @@ def spark_submit_args(
     job_settings: Mapping[str, object],
     job_python: str,
     job_args: Sequence[str] = (),
+    spark_conf: Mapping[str, str] | None = None,
 ) -> list[str]:
     """command-runner.jar arguments of one job's step (cluster mode: the driver runs on YARN, so a
-    primary-node restart does not kill it, and the archive reaches the driver too)."""
+    primary-node restart does not kill it, and the archive reaches the driver too). `spark_conf`:
+    the application's size (driver, executors, their cap)."""
+    sizes = [arg for key, value in (spark_conf or {}).items() for arg in ("--conf", f"{key}={value}")]
     return [
         "spark-submit",
         "--deploy-mode",
@@ -137,6 +140,7 @@ def spark_submit_args(
         # or the state machine (batch) retries with backoff and reports.
         "--conf",
         "spark.yarn.maxAppAttempts=1",
+        *sizes,
         artifacts.entry_point_uri,
         module,
         *environment_args(job_settings),

@@ -1,7 +1,8 @@
 """The stacks of one environment. Each composes constructs; cross-concern grants are wired here.
 
-Deploy order (dependencies): Network -> Lake -> Streaming -> SourceDatabase -> Compute -> Monitoring
--> Jobs. `cdk destroy` removes them in reverse.
+Deploy order (dependencies): Lake -> Network -> Streaming -> SourceDatabase -> Compute -> Monitoring
+-> Jobs. `cdk destroy` removes them in reverse, so the billed network (NAT gateway, interface
+endpoints) is gone before the buckets are emptied and deleted.
 """
 
 from __future__ import annotations
@@ -168,15 +169,16 @@ class ComputeStack(_LakehouseStack):
 
         # Seam for the "ship jobs as EMR steps" issue: the arguments of LakehouseConfig.aws(...) in
         # one parameter, so step definitions need no other lookups.
+        # The catalog and its warehouse are not among them: the cluster's spark-defaults own them.
         self.job_settings = {
             "env": config.env_name,
             "region": self.region,
-            "warehouse": lake.warehouse_uri,
             "kafka_bootstrap": streaming.bootstrap_brokers,
+            "kafka_auth": "iam",
             "mysql_host": source_database.host,
-            "mysql_port": MYSQL_PORT,
+            "mysql_port": source_database.port,
             "mysql_cdc_secret_id": source_database.cdc_secret.secret_arn,
-            "checkpoint_dir": lake.checkpoint_uri,
+            "mysql_ssl_ca": "rds",
         }
         self.job_settings_parameter = ssm.StringParameter(
             self,
@@ -272,6 +274,9 @@ class LakehouseStacks:
     def __init__(self, app: App, config: DeploymentConfig, *, job_package: Path) -> None:
         self.network = NetworkStack(app, config)
         self.lake = LakeStack(app, config)
+        # `cdk destroy` removes dependents first: the NAT gateway and endpoints go before the lake,
+        # so a lake teardown that stops (a bucket that will not empty) leaves nothing billing.
+        self.network.add_stack_dependency(self.lake)
         self.streaming = StreamingStack(app, config, self.network.network)
         self.source_database = SourceDatabaseStack(app, config, self.network.network)
         self.compute = ComputeStack(

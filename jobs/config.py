@@ -85,7 +85,8 @@ class MySqlConfig:
 
 @dataclass(frozen=True)
 class CatalogConfig:
-    warehouse: str
+    # Local: the warehouse folder. On EMR None: the cluster's spark-defaults set it with the catalog.
+    warehouse: str | None
     name: str = CATALOG_NAME
     # "jdbc-sqlite": Iceberg JdbcCatalog on a SQLite file (local). "glue": AWS Glue Data Catalog.
     kind: Literal["jdbc-sqlite", "glue"] = "jdbc-sqlite"
@@ -173,28 +174,34 @@ class LakehouseConfig:
         *,
         env: str,
         region: str,
-        warehouse: str,
         kafka_bootstrap: str,
         mysql_host: str,
         mysql_port: int = 3306,
         mysql_cdc_secret_id: str,
-        checkpoint_dir: str | None = None,
+        kafka_auth: str = "iam",
+        mysql_ssl_ca: str = "rds",
     ) -> LakehouseConfig:
-        """Config on EMR: values come from the deployer (CDK step arguments)."""
+        """Config on EMR: values come from the deployer (CDK step arguments). The Iceberg catalog
+        and its warehouse are the cluster's (spark-defaults), not the job's.
+
+        `kafka_auth`: "iam" (MSK: TLS + SASL/OAUTHBEARER) or "plaintext". `mysql_ssl_ca`: "rds" (the
+        Amazon RDS CA bundle shipped with the jobs) or the path of a PEM file of CA certificates."""
         if env not in ("dev", "prod"):
             raise ConfigError(f"unknown AWS environment {env!r}: use dev or prod")
-        if not warehouse.startswith("s3://"):
-            raise ConfigError(f"warehouse must be an s3:// URI on AWS, got {warehouse!r}")
+        if kafka_auth not in ("iam", "plaintext"):
+            raise ConfigError(f"unknown Kafka authentication {kafka_auth!r}: use iam or plaintext")
+        ssl_ca = RDS_CA_BUNDLE if mysql_ssl_ca == "rds" else Path(mysql_ssl_ca)
+        if not ssl_ca.is_file():
+            raise ConfigError(f"MySQL CA bundle {ssl_ca} does not exist: pass rds or a PEM file")
         return cls(
             env=env,
             region=region,
-            kafka=KafkaConfig(bootstrap=kafka_bootstrap, auth="iam", region=region),
+            kafka=KafkaConfig(bootstrap=kafka_bootstrap, auth=kafka_auth, region=region),  # type: ignore[arg-type]
             mysql=MySqlConfig(
-                host=mysql_host, port=mysql_port, cdc_secret_id=mysql_cdc_secret_id, ssl_ca=str(RDS_CA_BUNDLE)
+                host=mysql_host, port=int(mysql_port), cdc_secret_id=mysql_cdc_secret_id, ssl_ca=str(ssl_ca)
             ),
-            catalog=CatalogConfig(warehouse=warehouse, kind="glue"),
+            catalog=CatalogConfig(warehouse=None, kind="glue"),
             spark=SparkConfig(master=None, driver_memory="4g", shuffle_partitions=32),
-            checkpoint_dir=checkpoint_dir,
         )
 
     def to_dict(self) -> dict:

@@ -14,7 +14,10 @@ def main(argv: list[str]) -> int:
     if not argv or not argv[0].startswith("jobs."):
         print("usage: emr_step.py jobs.<module> [job args]", file=sys.stderr)
         return 2
-    return importlib.import_module(argv[0]).main(argv[1:]) or 0
+    job = importlib.import_module(argv[0])
+    # Which build ran: the step's log names the archive the job came from.
+    print(f"emr_step: running {argv[0]} from {job.__file__}", file=sys.stderr, flush=True)
+    return job.main(argv[1:]) or 0
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The one Spark session factory every job uses: local (SQLite JDBC catalog) or EMR (Glue)."""
+"""The one Spark session factory every job uses: local (SQLite JDBC catalog) or EMR (the cluster's
+Glue catalog)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,6 @@ def spark_conf(config: LakehouseConfig) -> dict[str, str]:
     conf = {
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         cat: "org.apache.iceberg.spark.SparkCatalog",
-        f"{cat}.warehouse": config.catalog.warehouse,
         # Jobs in other processes commit to the same tables; always read the latest metadata.
         f"{cat}.cache-enabled": "false",
         "spark.sql.defaultCatalog": config.catalog.name,
@@ -50,6 +50,7 @@ def spark_conf(config: LakehouseConfig) -> dict[str, str]:
         conf.update(
             {
                 f"{cat}.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+                f"{cat}.warehouse": config.catalog.warehouse or "",
                 f"{cat}.uri": config.catalog.jdbc_uri or "",
                 # Schema created by `lakehouse local up` (see lakehouse/local/catalog.py for why).
                 f"{cat}.jdbc.init-catalog-tables": "false",
@@ -65,17 +66,25 @@ def spark_conf(config: LakehouseConfig) -> dict[str, str]:
                 "spark.driver.extraJavaOptions": "-Duser.timezone=UTC -XX:+UseG1GC",
             }
         )
-    else:
-        # On EMR the Iceberg jar comes from the `iceberg-defaults` classification.
-        conf.update(
-            {
-                f"{cat}.type": "glue",
-                f"{cat}.io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
-            }
-        )
-        if config.region:
-            conf[f"{cat}.client.region"] = config.region
+    # On EMR the cluster's classifications own the catalog: `iceberg-defaults` puts the Iceberg jar
+    # on the class path and `spark-defaults` defines `lakehouse` (GlueCatalog, S3FileIO, warehouse,
+    # region; infra/constructs/emr_compute.py). A job adding its own implementation key would clash
+    # with them (Iceberg refuses `type` beside `catalog-impl`), so it adds none.
     return conf
+
+
+def require_cluster_catalog(spark, config: LakehouseConfig) -> None:
+    """On EMR, fail with the fix when the cluster defines no implementation for the catalog."""
+    prefix = f"spark.sql.catalog.{config.catalog.name}"
+    defined = [key for key in (f"{prefix}.catalog-impl", f"{prefix}.type") if spark.conf.get(key, None)]
+    if not defined:
+        raise ConfigError(
+            f"the cluster's spark-defaults define no `{config.catalog.name}` catalog "
+            f"({prefix}.catalog-impl): run the job on the cluster the Compute stack creates "
+            "(its spark-defaults classification defines the catalog)"
+        )
+    if len(defined) > 1:
+        raise ConfigError(f"both {defined[0]} and {defined[1]} are set; Iceberg accepts only one of them")
 
 
 def build_spark(config: LakehouseConfig, app_name: str, extra_conf: Mapping[str, str] | None = None):
@@ -93,6 +102,8 @@ def build_spark(config: LakehouseConfig, app_name: str, extra_conf: Mapping[str,
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if not config.is_local:
+        require_cluster_catalog(spark, config)
     return spark
 
 

@@ -18,12 +18,15 @@ REGION = "us-east-1"
 
 
 class QuotaStubbedSession:
-    """A boto3 session (moto) whose Service Quotas client answers `vcpus` for the EC2 quota."""
+    """A boto3 session (moto) whose Service Quotas client answers `vcpus` for the EC2 quota and whose
+    Lambda client answers GetAccountSettings with `lambda_concurrency` (limit, unreserved), or with
+    AccessDenied when it is None (moto implements neither)."""
 
-    def __init__(self, vcpus: float) -> None:
+    def __init__(self, vcpus: float, lambda_concurrency: tuple[int, int] | None = (1000, 1000)) -> None:
         self._session = boto3.Session(region_name=REGION)
         self.region_name = REGION
         self._vcpus = vcpus
+        self._lambda_concurrency = lambda_concurrency
 
     def client(self, name: str):
         client = self._session.client(name)
@@ -34,6 +37,15 @@ class QuotaStubbedSession:
                 {"Quota": {"QuotaCode": preflight.ON_DEMAND_STANDARD_VCPUS, "Value": self._vcpus}},
                 {"ServiceCode": "ec2", "QuotaCode": preflight.ON_DEMAND_STANDARD_VCPUS},
             )
+            stub.activate()
+        if name == "lambda":
+            stub = Stubber(client)
+            if self._lambda_concurrency is None:
+                stub.add_client_error("get_account_settings", "AccessDeniedException", http_status_code=403)
+            else:
+                limit, unreserved = self._lambda_concurrency
+                settings = {"ConcurrentExecutions": limit, "UnreservedConcurrentExecutions": unreserved}
+                stub.add_response("get_account_settings", {"AccountLimit": settings}, {})
             stub.activate()
         return client
 
@@ -97,6 +109,30 @@ def test_what_is_missing_is_reported_with_the_fix(aws):
     certificate = checks["prod TLS certificate"]
     assert not certificate.ok and EMR_TLS_CERTIFICATES_KEY in certificate.found
     assert checks["EMR release"].ok and checks["availability zones"].ok
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "advice"),
+    [((1000, 1000), False), ((10, 10), True), ((1000, 40), True), (None, False)],
+    ids=["default quota", "new account", "mostly reserved by others", "not allowed to look"],
+)
+def test_lambda_concurrency_is_reported_and_never_fails_the_preflight(aws, concurrency, advice):
+    """A new account's Lambda quota can be 10; the stacks reserve no concurrency, so it is
+    information (with advice when low), never a reason to stop."""
+    bootstrap_account()
+    config = DeploymentConfig.for_env("dev")
+    session = QuotaStubbedSession(64, lambda_concurrency=concurrency)
+    checks = by_name(preflight.run_checks(session, "dev", config, "bucket")[0])
+    check = checks["Lambda concurrency"]
+    assert check.ok and all(c.ok for c in checks.values()), checks
+    if concurrency is None:
+        assert check.found.startswith("not checked") and "AccessDenied" in check.found
+    else:
+        limit, unreserved = concurrency
+        assert f"quota {limit}, {unreserved} unreserved" in check.found
+    assert bool(check.fix) == advice
+    if advice:
+        assert preflight.LAMBDA_CONCURRENCY_QUOTA in check.fix
 
 
 def test_no_credentials_is_one_clear_error():

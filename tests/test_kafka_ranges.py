@@ -124,7 +124,7 @@ class ScriptedIngest(ClickstreamIngest):
 
     def __init__(self, script: list[tuple[int, dict[int, int]]]) -> None:
         config = LakehouseConfig.aws(
-            env="dev", region="us-east-1", warehouse="s3://w/", kafka_bootstrap="b:9098",
+            env="dev", region="us-east-1", kafka_bootstrap="b:9098",
             mysql_host="db", mysql_cdc_secret_id="s",
         )  # fmt: skip
         super().__init__(None, config, IngestSettings("t", "a.b", "a.c", "a.d"))

@@ -49,8 +49,12 @@ KMS_DATA_KEY_ACTIONS = (
 GLUE_HIVE_CLIENT_FACTORY = "com.amazonaws.glue.catalog.metastore.AWSGlueDataCatalogHiveClientFactory"
 
 
-def emr_configurations(*, warehouse_uri: str, job_python: str) -> list[dict]:
-    """EMR classifications: Iceberg on, Spark catalog `lakehouse` on Glue, Hive/Trino on Glue."""
+def emr_configurations(*, warehouse_uri: str, job_python: str, region: str) -> list[dict]:
+    """EMR classifications: Iceberg on, Spark catalog `lakehouse` on Glue, Hive/Trino on Glue.
+
+    The `lakehouse` catalog is defined here and only here: the jobs add no implementation key of
+    their own (Iceberg refuses `type` beside `catalog-impl`), and `spark-sql` on the primary node
+    sees the same catalog as the jobs."""
     catalog = f"spark.sql.catalog.{CATALOG_NAME}"
     return [
         {"Classification": "iceberg-defaults", "Properties": {"iceberg.enabled": "true"}},
@@ -62,6 +66,7 @@ def emr_configurations(*, warehouse_uri: str, job_python: str) -> list[dict]:
                 f"{catalog}.catalog-impl": "org.apache.iceberg.aws.glue.GlueCatalog",
                 f"{catalog}.io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
                 f"{catalog}.warehouse": warehouse_uri,
+                f"{catalog}.client.region": region,
             },
         },
         {
@@ -177,8 +182,13 @@ class EmrCompute(Construct):
             "Read-only on EMR's own regional bucket (<region>.elasticmapreduce), from which nodes "
             "fetch EMR components and scripts during provisioning.",
         )
+        # Named like its role, as CDK's own EMR task does: EMR can reject a profile whose name differs
+        # from its role's ("invalid instance profile").
         self.instance_profile = iam.CfnInstanceProfile(
-            self, "InstanceProfile", roles=[self.instance_role.role_name]
+            self,
+            "InstanceProfile",
+            roles=[self.instance_role.role_name],
+            instance_profile_name=self.instance_role.role_name,
         )
 
         # EMR's v2 service policy acts only on resources tagged for-use-with-amazon-emr-managed-policies.
@@ -345,7 +355,9 @@ class EmrCompute(Construct):
             bootstrap_actions=bootstrap_actions,
             configurations=[
                 _to_cfn_configuration(c)
-                for c in emr_configurations(warehouse_uri=warehouse_uri, job_python=settings.job_python)
+                for c in emr_configurations(
+                    warehouse_uri=warehouse_uri, job_python=settings.job_python, region=Aws.REGION
+                )
             ],
             instances=emr.CfnCluster.JobFlowInstancesConfigProperty(
                 ec2_subnet_ids=subnet_ids,

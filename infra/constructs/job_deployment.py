@@ -79,6 +79,8 @@ class JobDeployment(Construct):
         self.cluster_arn = aws_arn("elasticmapreduce", f"cluster/{cluster_id}")
 
         def submit_args(job: str, module: str, *extra: str) -> list[str]:
+            streaming = job in streaming_steps(settings.one_streaming_application)
+            resources = settings.streaming_resources if streaming else settings.batch_resources
             return spark_submit_args(
                 job=job,
                 module=module,
@@ -86,6 +88,7 @@ class JobDeployment(Construct):
                 job_settings=job_settings,
                 job_python=job_python,
                 job_args=extra,
+                spark_conf=resources.submit_conf(),
             )
 
         # The supervisor's desired steps live next to the archive (`streaming-steps.json`): three
@@ -196,8 +199,8 @@ class JobDeployment(Construct):
             code=python_function_code("step_supervisor"),
             timeout=Duration.minutes(1),
             memory_size=256,
-            # One reconcile at a time: two concurrent ones could both start the same job.
-            reserved_concurrent_executions=1,
+            # No reserved concurrency: a new account's quota cannot spare one. Concurrent reconciles
+            # converge on one step per job by themselves (handler.py's docstring).
             log_group=log_group,
             environment={
                 "CLUSTER_ID": cluster_id,

@@ -154,6 +154,7 @@ class SourceDatabase(Construct):
         )
         self.admin_secret = self.instance.secret
         self.host = self.instance.db_instance_endpoint_address
+        self.port = self.instance.db_instance_endpoint_port
 
         # A separate, generated secret for the CDC job (never the admin's); the seeding creates the
         # MySQL user from it. Host and port are in it so the job needs only the secret id.

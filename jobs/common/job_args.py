@@ -38,13 +38,18 @@ def add_environment_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--env", choices=ENVIRONMENTS, default=os.environ.get("LAKEHOUSE_ENV", "local"))
     group.add_argument("--home", help="local state dir (default $LAKEHOUSE_HOME or ./.lakehouse)")
     # On EMR the CDK deployer passes these as step arguments.
+    # The Iceberg catalog and its warehouse come from the cluster's spark-defaults, not from here.
     group.add_argument("--region")
-    group.add_argument("--warehouse", help="s3://bucket/prefix of the Iceberg warehouse")
     group.add_argument("--kafka-bootstrap", help="MSK bootstrap brokers (IAM, port 9098)")
+    group.add_argument("--kafka-auth", choices=("iam", "plaintext"), default="iam")
     group.add_argument("--mysql-host")
     group.add_argument("--mysql-port", type=int, default=3306)
     group.add_argument("--mysql-cdc-secret-id", help="Secrets Manager id of the CDC user")
-    group.add_argument("--checkpoint-dir")
+    group.add_argument(
+        "--mysql-ssl-ca",
+        default="rds",
+        help="CA bundle the MySQL server is verified against (rds: Amazon RDS's, shipped with the jobs)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> LakehouseConfig:
@@ -54,7 +59,6 @@ def config_from_args(args: argparse.Namespace) -> LakehouseConfig:
         flag
         for flag, value in (
             ("--region", args.region),
-            ("--warehouse", args.warehouse),
             ("--kafka-bootstrap", args.kafka_bootstrap),
             ("--mysql-host", args.mysql_host),
             ("--mysql-cdc-secret-id", args.mysql_cdc_secret_id),
@@ -66,10 +70,10 @@ def config_from_args(args: argparse.Namespace) -> LakehouseConfig:
     return LakehouseConfig.aws(
         env=args.env,
         region=args.region,
-        warehouse=args.warehouse,
         kafka_bootstrap=args.kafka_bootstrap,
+        kafka_auth=args.kafka_auth,
         mysql_host=args.mysql_host,
         mysql_port=args.mysql_port,
         mysql_cdc_secret_id=args.mysql_cdc_secret_id,
-        checkpoint_dir=args.checkpoint_dir,
+        mysql_ssl_ca=args.mysql_ssl_ca,
     )

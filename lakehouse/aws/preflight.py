@@ -23,6 +23,11 @@ ENDPOINT_SERVICES = ("elasticmapreduce", "secretsmanager", "glue")
 # instances (families A, C, D, H, I, M, R, T, Z).
 ON_DEMAND_STANDARD_VCPUS = "L-1216C47A"
 CDK_BOOTSTRAP_STACK = "CDKToolkit"
+# Lambda quota code (Service Quotas, service "lambda"): concurrent executions of the account/region.
+LAMBDA_CONCURRENCY_QUOTA = "L-B99A9384"
+# Fewer unreserved executions than this: a new account's reduced quota (10 is seen) or a pool that
+# other functions mostly reserve. The stacks reserve none, so it is advice, never a failure.
+LOW_UNRESERVED_LAMBDA_CONCURRENCY = 100
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,25 @@ def run_checks(session, env_name: str, config, artifacts_bucket: str | None) -> 
         )
 
     guarded("EC2 On-Demand vCPUs", vcpu_quota)
+
+    def lambda_concurrency() -> Check:
+        # Information only: a permission error here must not fail the preflight either.
+        try:
+            limits = session.client("lambda").get_account_settings()["AccountLimit"]
+        except (ClientError, BotoCoreError) as error:
+            return Check("Lambda concurrency", True, f"not checked: {error}")
+        limit, unreserved = limits["ConcurrentExecutions"], limits["UnreservedConcurrentExecutions"]
+        found = f"quota {limit}, {unreserved} unreserved (the stacks reserve none)"
+        fix = ""
+        if unreserved < LOW_UNRESERVED_LAMBDA_CONCURRENCY:
+            fix = (
+                "information only: the deploy's custom resources and the step supervisor share these "
+                "executions with the account's other functions; if they are throttled, request "
+                f"{LAMBDA_CONCURRENCY_QUOTA} (Lambda concurrent executions) >= 1000 in Service Quotas"
+            )
+        return Check("Lambda concurrency", True, found, fix)
+
+    checks.append(lambda_concurrency())
 
     if env_name == "prod":
         from infra.config import EMR_TLS_CERTIFICATES_KEY

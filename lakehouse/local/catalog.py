@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Mapping
 from pathlib import Path
 
 from jobs.config import CATALOG_NAME, NAMESPACES
@@ -41,8 +42,9 @@ def connect(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000)
 
 
-def ensure_catalog(path: Path, warehouse: Path) -> None:
-    """Create the catalog file, its schema and the project's namespaces (idempotent)."""
+def ensure_catalog(path: Path, warehouse: Path, locations: Mapping[str, str] | None = None) -> None:
+    """Create the catalog file, its schema and the namespaces (idempotent): `locations` maps each
+    namespace to its location; default: the project's namespaces under `warehouse`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     warehouse.mkdir(parents=True, exist_ok=True)
     with connect(path) as conn:
@@ -53,14 +55,16 @@ def ensure_catalog(path: Path, warehouse: Path) -> None:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(iceberg_tables)")}
         if "iceberg_type" in columns:  # state made by an earlier version with the V1 schema
             conn.execute("ALTER TABLE iceberg_tables DROP COLUMN iceberg_type")
-        for namespace in NAMESPACES:
+        if locations is None:
+            locations = {namespace: str(warehouse / f"{namespace}.db") for namespace in NAMESPACES}
+        for namespace, location in locations.items():
             conn.execute(
                 "INSERT OR IGNORE INTO iceberg_namespace_properties VALUES (?, ?, 'exists', 'true')",
                 (CATALOG_NAME, namespace),
             )
             conn.execute(
                 "INSERT OR IGNORE INTO iceberg_namespace_properties VALUES (?, ?, 'location', ?)",
-                (CATALOG_NAME, namespace, str(warehouse / f"{namespace}.db")),
+                (CATALOG_NAME, namespace, location),
             )
     conn.close()
 

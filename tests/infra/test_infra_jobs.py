@@ -23,12 +23,12 @@ from infra.stacks import BOOTSTRAP_DIR
 SETTINGS = {
     "env": "dev",
     "region": "us-east-1",
-    "warehouse": "s3://w/warehouse",
     "kafka_bootstrap": "b-1:9098,b-2:9098",
+    "kafka_auth": "iam",
     "mysql_host": "db",
     "mysql_port": 3306,
     "mysql_cdc_secret_id": "arn:secret",
-    "checkpoint_dir": "s3://w/checkpoints",
+    "mysql_ssl_ca": "rds",
 }
 
 
@@ -139,7 +139,9 @@ def test_the_supervisor_runs_every_streaming_job_of_this_version(synthesized):
     prefix = {"Properties": {"DestinationBucketKeyPrefix": f"emr/{deployment.artifacts.version}/"}}
     (upload,) = template.find_resources("Custom::CDKBucketDeployment", prefix).values()
     assert len(upload["Properties"]["SourceObjectKeys"]) == 2  # the package and streaming-steps.json
-    supervisor_only = {"Properties": {"ReservedConcurrentExecutions": 1}}
+    supervisor_only = {
+        "Properties": {"Description": Match.string_like_regexp("^Keeps the streaming jobs running")}
+    }
     (supervisor,) = template.find_resources("AWS::Lambda::Function", supervisor_only).values()
     variables = supervisor["Properties"]["Environment"]["Variables"]
     assert set(variables) >= {"CLUSTER_ID", "STREAMING_STEPS_S3_URI", "ALERT_TOPIC_ARN"}
@@ -225,3 +227,33 @@ def test_step_functions_and_the_supervisor_touch_steps_of_this_cluster_only(synt
         assert "cluster/*" not in resource and "cluster/" in resource
         assert "ImportValue" in resource or "GetStackOutput" in resource  # the cluster's own id
         assert {"elasticmapreduce:AddJobFlowSteps"} <= set(statement["Action"])
+
+
+def test_every_step_caps_its_executors(synthesized):
+    """EMR's dynamic allocation has no upper bound: each step says how big it may grow."""
+    resources = synthesized.config.jobs
+    machines = synthesized.template("Jobs").find_resources("AWS::StepFunctions::StateMachine")
+    definitions = [_definition(m) for m in machines.values() if "addStep.sync" in _definition(m)]
+    assert len(definitions) == 3  # report, maintain, gendata
+    for definition in definitions:
+        for key, value in resources.batch_resources.submit_conf().items():
+            assert f"{key}={value}" in definition
+    streaming = synthesized.stacks.jobs.jobs.streaming_steps
+    for step in streaming:
+        for key, value in resources.streaming_resources.submit_conf().items():
+            assert f"{key}={value}" in step["args"]
+
+
+def test_dev_streaming_and_a_batch_job_fit_on_the_core_and_one_task_node(dev):
+    """The README's dev cost assumes two m5.xlarge nodes (YARN ~12 GiB each): the capped streaming
+    application plus one batch job fit there, so managed scaling need not hold more Spot nodes."""
+
+    def gib(size: str) -> float:
+        return float(size.removesuffix("g")) * 1.1 + 0.4  # + YARN's executor memory overhead
+
+    def footprint(resources) -> float:
+        return gib(resources.driver_memory) + resources.max_executors * gib(resources.executor_memory)
+
+    jobs, compute = dev.config.jobs, dev.config.compute
+    nodes = compute.core_units + compute.task_spot_units + compute.task_on_demand_units
+    assert footprint(jobs.streaming_resources) + footprint(jobs.batch_resources) <= nodes * 12

@@ -28,7 +28,6 @@ def test_the_jobs_verify_rds_against_the_shipped_ca_bundle() -> None:
     config = LakehouseConfig.aws(
         env="dev",
         region="us-east-1",
-        warehouse="s3://w/warehouse",
         kafka_bootstrap="b:9098",
         mysql_host="db.example.us-east-1.rds.amazonaws.com",
         mysql_port=3306,

@@ -80,7 +80,9 @@ def test_buckets_encrypted_private_ssl_only_and_logged(synthesized):
             "RestrictPublicBuckets": True,
         }
     logged = [b for b in buckets.values() if "LoggingConfiguration" in b["Properties"]]
-    assert len(logged) == 2  # warehouse and artifacts log to the logs bucket
+    # prod's warehouse and artifacts log to its retained logs bucket; dev auto-deletes that bucket,
+    # so nothing logs into it (test_infra_deploy_review.py).
+    assert len(logged) == (2 if synthesized.config.retain_data else 0)
     assert any(
         "LifecycleConfiguration" in b["Properties"] and "LoggingConfiguration" not in b["Properties"]
         for b in buckets.values()

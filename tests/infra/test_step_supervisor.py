@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -138,14 +141,39 @@ def test_duplicates_keep_the_longest_running_step_and_cancel_the_newer_extras():
     assert all(isinstance(a, sup.Cancel) for a in actions[1:])
 
 
-def test_a_running_step_is_preferred_over_an_older_pending_one():
+def test_the_oldest_duplicate_is_kept_even_when_a_newer_one_already_runs():
+    """Only creation time and id decide (never the state, which changes between two listings), so a
+    reconcile and a concurrent start's settling agree on the survivor (handler docstring)."""
     pending = step("PENDING", created_ago=timedelta(minutes=10))
     running = step("RUNNING", created_ago=timedelta(minutes=5))
     actions = sup.plan([spec()], [pending, running], "RUNNING", NOW, POLICY)
     assert actions == [
-        sup.Keep("ingest", running.step_id),
-        sup.Cancel("ingest", pending.step_id, pending.name, f"duplicate of {running.step_id}"),
+        sup.Keep("ingest", pending.step_id),
+        sup.Cancel("ingest", running.step_id, running.name, f"duplicate of {pending.step_id}"),
     ]
+
+
+def test_settling_concurrent_starts_keeps_the_oldest_step_of_the_started_version():
+    ours = step("PENDING", created_ago=timedelta(seconds=1), step_id="s-B")
+    theirs = step("RUNNING", created_ago=timedelta(seconds=2), step_id="s-A")
+    same_second = step("PENDING", created_ago=timedelta(seconds=2), step_id="s-C")
+    other_version = step("PENDING", version="v1", created_ago=timedelta(seconds=3), step_id="s-OLD")
+    leaving = step("CANCEL_PENDING", created_ago=timedelta(seconds=4), step_id="s-GONE")
+    other_job = step("RUNNING", job="cdc-apply", created_ago=timedelta(seconds=5))
+    live = [ours, theirs, same_second, other_version, leaving, other_job]
+    # Seen in any order, by any of the racers: the same survivor (ties on time go by step id).
+    for observed in (live, live[::-1]):
+        actions = sup.settle_concurrent_starts([spec()], observed)
+        assert {a.step_id for a in actions} == {ours.step_id, same_second.step_id, other_version.step_id}
+        assert all(a.reason == "started concurrently with s-A" for a in actions)
+    # A racer that started the old version keeps its own and cancels ours: both stop, and the next
+    # reconcile starts the desired version alone.
+    assert {a.step_id for a in sup.settle_concurrent_starts([spec(version="v1")], live)} == {
+        ours.step_id, theirs.step_id, same_second.step_id
+    }  # fmt: skip
+    # Alone, or not yet listed: nothing to settle.
+    assert sup.settle_concurrent_starts([spec()], [ours, other_job]) == []
+    assert sup.settle_concurrent_starts([spec()], [other_version]) == []
 
 
 @pytest.mark.parametrize(
@@ -396,6 +424,70 @@ def test_handler_starts_every_desired_step_once(aws):
     json.dumps(third)  # the deploy trigger gets a JSON-ready summary
 
 
+class RacingEmr:
+    """One invocation's EMR client: every racer must have listed the steps before any adds one, so
+    all of them plan to start every job. moto has no CancelSteps: it is applied to moto's steps here
+    the way EMR does it (a pending step is cancelled, a running one is interrupted)."""
+
+    def __init__(self, barrier: threading.Barrier) -> None:
+        self._client = boto3.client("emr", region_name=REGION)
+        self._barrier = barrier
+        self._waited = False
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
+
+    def add_job_flow_steps(self, **kwargs):
+        if not self._waited:
+            self._waited = True
+            self._barrier.wait(timeout=30)
+        return self._client.add_job_flow_steps(**kwargs)
+
+    def cancel_steps(self, ClusterId, StepIds, StepCancellationOption):  # noqa: N803 - boto3's names
+        assert StepCancellationOption == "SEND_INTERRUPT"
+        infos = []
+        for fake in emr_backends[DEFAULT_ACCOUNT_ID][REGION].clusters[ClusterId].steps:
+            if fake.id in StepIds:
+                if fake.state in ("PENDING", "RUNNING"):
+                    fake.state = "CANCELLED" if fake.state == "PENDING" else "CANCEL_PENDING"
+                    infos.append({"StepId": fake.id, "Status": "SUBMITTED"})
+                else:
+                    infos.append({"StepId": fake.id, "Status": "FAILED", "Reason": f"step is {fake.state}"})
+        return {"CancelStepsInfoList": infos}
+
+
+@pytest.mark.parametrize("racers", [2, 3])
+def test_racing_reconciles_leave_one_live_step_per_job(aws, racers):
+    """No reserved concurrency: a burst of status events can run reconciles at once (handler
+    docstring). Each adds a step per job; afterwards exactly one of each job is left."""
+    emr, cluster_id = aws["emr"], aws["cluster_id"]
+    settings = sup.settings_from_env(os.environ)
+    sns = boto3.client("sns", region_name=REGION)
+    barrier = threading.Barrier(racers)
+    with ThreadPoolExecutor(racers) as pool:
+        runs = [pool.submit(sup.reconcile, settings, RacingEmr(barrier), sns, datetime.now(UTC))
+                for _ in range(racers)]  # fmt: skip
+        summaries = [run.result(timeout=60) for run in runs]
+
+    steps = emr.list_steps(ClusterId=cluster_id)["Steps"]
+    for job in ("ingest", "cdc-apply"):
+        of_job = [s for s in steps if s["Name"] == f"lakehouse-{job}@v2"]
+        # The race happened: every racer added its own step of the job.
+        assert len(of_job) == racers
+        live = [s for s in of_job if s["Status"]["State"] in ("PENDING", "RUNNING")]
+        assert len(live) == 1, [(s["Id"], s["Status"]["State"]) for s in of_job]
+        # The survivor is the oldest; every other step of the job was cancelled by a racer.
+        oldest = min(of_job, key=lambda s: (s["Status"]["Timeline"]["CreationDateTime"], s["Id"]))
+        assert live[0]["Id"] == oldest["Id"]
+        cancelled = {a["step_id"] for summary in summaries for a in summary["actions"]
+                     if a["action"] == "cancel" and a["job"] == job}  # fmt: skip
+        assert cancelled == {s["Id"] for s in of_job} - {oldest["Id"]}
+
+    # Settled: the next reconcile finds one step per job and leaves it alone.
+    after = sup.reconcile(settings, RacingEmr(threading.Barrier(1)), sns, datetime.now(UTC))
+    assert [a["action"] for a in after["actions"]] == ["keep", "keep"]
+
+
 def test_handler_gives_up_with_exactly_one_alert(aws, monkeypatch):
     emr, cluster_id = aws["emr"], aws["cluster_id"]
     monkeypatch.setenv(
@@ -509,6 +601,11 @@ def test_one_failed_start_does_not_block_the_other_job_but_fails_the_invocation(
     _list_steps(emr_stub, [])
     emr_stub.add_client_error("add_job_flow_steps", "ValidationException", "bad step")
     emr_stub.add_response("add_job_flow_steps", {"StepIds": ["s-NEW"]})
+    # The started job's steps are listed again (settle_concurrent_starts): it is alone.
+    _list_active = {"ClusterId": "j-1", "StepStates": list(sup.ACTIVE_STATES)}
+    emr_stub.add_response(
+        "list_steps", {"Steps": [_summary("lakehouse-cdc-apply@v2", "PENDING", "s-NEW")]}, _list_active
+    )
     with emr_stub, sns_stub, pytest.raises(RuntimeError, match="1 supervisor action"):
         sup.reconcile(settings, emr, sns, NOW)
     emr_stub.assert_no_pending_responses()

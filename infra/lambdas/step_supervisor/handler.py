@@ -6,6 +6,20 @@ current state, so lost, duplicated or out-of-order events do no harm.
 
 `plan` decides (pure, no AWS); `reconcile` reads EMR, calls `plan` and executes its actions.
 
+Single flight without reserved concurrency: nothing stops two invocations (a burst of status
+events, the schedule and a deploy) from reconciling at once; a reservation of 1 would, but a new
+account's concurrency quota (as low as 10, with 100 that must stay unreserved) cannot grant one.
+Two racing reconciles can only disagree in one way: both see no live step of a job and both add
+one. So after adding steps an invocation lists the live steps again (`settle_concurrent_starts`)
+and keeps, of each job it started, only the OLDEST live step of its version (creation time, then
+step id), cancelling the rest. That order never changes, so every invocation picks the same
+survivor and none cancels it; and whichever of two racers added last lists after both adds, so
+the duplicate is always seen. `plan` keeps duplicates by the same rule, so a plain reconcile
+running alongside agrees too. A racer deployed with other arguments (an old and a new version
+during a deploy) cancels the other's step and the other cancels its own: both stop, and the next
+invocation (their CANCELLED events, or the schedule) starts the desired version alone, so two
+versions of a job never run side by side. Racing give-ups may alert twice; nothing else repeats.
+
 Environment: CLUSTER_ID, STREAMING_STEPS_S3_URI (a JSON list of {job, version, args} in S3; or
 STREAMING_STEPS inline, with names),
 ALERT_TOPIC_ARN, and optionally MAX_FAILURES_PER_HOUR (5), BACKOFF_BASE_SECONDS (30),
@@ -149,8 +163,8 @@ def _plan_job(
     cancellable = [step for step in active if step.state in CANCELLABLE_STATES]
     current = [step for step in cancellable if step.version == spec.version]
     if current:
-        # Keep the one that is already running longest; newer duplicates are the extras.
-        keeper = min(current, key=lambda step: (step.state != "RUNNING", step.created, step.step_id))
+        # Keep the oldest; newer duplicates are the extras (the rule `settle_concurrent_starts` uses).
+        keeper = _oldest(current)
         extras = [step for step in cancellable if step is not keeper]
         return [Keep(spec.job, keeper.step_id)] + [
             Cancel(spec.job, step.step_id, step.name, f"duplicate of {keeper.step_id}") for step in extras
@@ -191,6 +205,30 @@ def _plan_job(
     if now < until:
         return [Wait(spec.job, f"backing off after {len(failures)} failure(s) in the last hour", until)]
     return [Start(spec, f"restart after {len(failures)} failure(s) in the last hour")]
+
+
+def settle_concurrent_starts(started: Sequence[StepSpec], live: Sequence[ObservedStep]) -> list[Cancel]:
+    """After this invocation added the steps of `started`: the cancels that leave each of those jobs
+    one live step, the oldest of the started version, whoever added the others (module docstring).
+    `live` is a listing made after the adds; a job whose new step it does not show is left alone."""
+    actions: list[Cancel] = []
+    for spec in started:
+        steps = [step for step in live if step.job == spec.job and step.state in CANCELLABLE_STATES]
+        own_version = [step for step in steps if step.version == spec.version]
+        if not own_version:
+            continue
+        keeper = _oldest(own_version)
+        actions += [
+            Cancel(spec.job, step.step_id, step.name, f"started concurrently with {keeper.step_id}")
+            for step in steps
+            if step is not keeper
+        ]
+    return actions
+
+
+def _oldest(steps: Sequence[ObservedStep]) -> ObservedStep:
+    """Creation time and id never change, so every invocation picks the same step."""
+    return min(steps, key=lambda step: (step.created, step.step_id))
 
 
 # --- executor -------------------------------------------------------------------------------
@@ -269,12 +307,20 @@ def observed_step(summary: Mapping[str, Any]) -> ObservedStep | None:
     )
 
 
+def list_active_steps(emr, cluster_id: str) -> list[dict]:
+    """Pending, running and cancel-pending steps of any age."""
+    paginator = emr.get_paginator("list_steps")
+    return [
+        step
+        for page in paginator.paginate(ClusterId=cluster_id, StepStates=list(ACTIVE_STATES))
+        for step in page["Steps"]
+    ]
+
+
 def list_relevant_steps(emr, cluster_id: str, created_since: datetime) -> list[dict]:
     """Active steps of any age, plus every step created since `created_since`."""
     paginator = emr.get_paginator("list_steps")
-    by_id: dict[str, dict] = {}
-    for page in paginator.paginate(ClusterId=cluster_id, StepStates=list(ACTIVE_STATES)):
-        by_id.update((step["Id"], step) for step in page["Steps"])
+    by_id: dict[str, dict] = {step["Id"]: step for step in list_active_steps(emr, cluster_id)}
     # Unfiltered ListSteps is newest first (a StepStates filter drops that guarantee), so paging
     # can stop at the first older step instead of reading the cluster's whole history.
     for page in paginator.paginate(ClusterId=cluster_id):
@@ -300,15 +346,28 @@ def reconcile(settings: Settings, emr, sns, now: datetime) -> dict:
         observed = [step for step in map(observed_step, summaries) if step is not None]
 
     results, errors = [], []
-    for action in plan(settings.desired, observed, cluster_state, now, settings.policy, alerted):
-        # One job's API error must not keep the other jobs from being reconciled.
-        try:
-            result = _execute(action, settings, cluster, emr, sns)
-        except Exception as error:  # noqa: BLE001 - re-raised below, after the other actions
-            result = {"action": type(action).__name__.lower(), **_flat(action), "error": repr(error)}
-            errors.append(error)
-        LOG.info(json.dumps(result, default=str))
-        results.append(result)
+
+    def execute(actions: Sequence[Action]) -> list[Action]:
+        """Runs every action, recording each; returns those that succeeded."""
+        done = []
+        for action in actions:
+            # One job's API error must not keep the other jobs from being reconciled.
+            try:
+                result = _execute(action, settings, cluster, emr, sns)
+                done.append(action)
+            except Exception as error:  # noqa: BLE001 - re-raised below, after the other actions
+                result = {"action": type(action).__name__.lower(), **_flat(action), "error": repr(error)}
+                errors.append(error)
+            LOG.info(json.dumps(result, default=str))
+            results.append(result)
+        return done
+
+    done = execute(plan(settings.desired, observed, cluster_state, now, settings.policy, alerted))
+    started = [action.spec for action in done if isinstance(action, Start)]
+    if started:
+        # Another invocation may have started the same jobs meanwhile: converge on one step each.
+        live = map(observed_step, list_active_steps(emr, settings.cluster_id))
+        execute(settle_concurrent_starts(started, [step for step in live if step is not None]))
     if errors:
         # A failed invocation shows in the Lambda's error metric; the next one retries.
         message = f"{len(errors)} supervisor action(s) failed; their log lines carry the errors"
