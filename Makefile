@@ -10,7 +10,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 DEMO_SECONDS ?= 120
 
-.PHONY: setup system jars cli scanner demo test test-fast bench synth lint package clean
+.PHONY: setup system jars cli scanner demo test test-fast bench synth rehearse lint package clean
 
 setup: system $(STAMP) jars cli scanner ## Install everything (idempotent; fast when done)
 
@@ -58,6 +58,12 @@ synth: setup ## Synthesize the CDK app for dev and prod into cdk.out/<env>
 	  echo "cdk synth -c env=$$env"; \
 	  $(CDK) synth -q -c env=$$env -o cdk.out/$$env || exit 1; \
 	done
+
+# The EMR rehearsal: what the dev cluster would run, from the synthesized assembly and the packaged
+# artifact only, on a local Spark standalone cluster (lakehouse/rehearsal). `make test` runs it too.
+rehearse: setup
+	$(CDK) synth -q -c env=dev -o cdk.out/dev
+	$(PY) -m lakehouse.rehearsal --assembly cdk.out/dev
 
 lint: setup
 	$(VENV)/bin/ruff check lakehouse jobs infra tests bench app.py

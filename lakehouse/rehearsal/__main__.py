@@ -1,0 +1,5 @@
+import sys
+
+from lakehouse.rehearsal.scenario import main
+
+sys.exit(main())

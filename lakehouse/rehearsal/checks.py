@@ -1,0 +1,111 @@
+"""The rehearsal's verdicts: the lake compared with what went in (the topic read back, the source
+tables re-read), as multisets. Each check returns the problems it found (empty: it holds)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from decimal import Decimal
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+TopicRecords = dict[tuple[int, int], bytes]  # (partition, offset) -> value
+
+
+def read_topic(bootstrap: str, topic: str, partitions: int, quiet_polls: int = 3) -> TopicRecords:
+    """Every record of `topic`. The local broker's watermark is unreliable, so the end is three
+    empty one-second polls in a row."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "rehearsal-readback", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    records: TopicRecords = {}
+    empty = 0
+    try:
+        while empty < quiet_polls:
+            messages = consumer.consume(num_messages=10_000, timeout=1.0)
+            empty = 0 if messages else empty + 1
+            for message in messages:
+                if message.error() is None:
+                    records[(message.partition(), message.offset())] = message.value()
+    finally:
+        consumer.close()
+    return records
+
+
+def offsets(rows: list[dict]) -> Counter:
+    return Counter((r["kafka_partition"], r["kafka_offset"]) for r in rows)
+
+
+def check_clicks(
+    topic: TopicRecords, bad: set[tuple[int, int]], facts: list[dict], rejects: list[dict]
+) -> list[str]:
+    """Every record of the topic is in exactly one table once: the malformed ones in rejects, the
+    rest in facts with the fields they were sent with."""
+    problems = []
+    fact_offsets, reject_offsets = offsets(facts), offsets(rejects)
+    for name, counted in (("facts", fact_offsets), ("rejects", reject_offsets)):
+        twice = [k for k, n in counted.items() if n > 1]
+        if twice:
+            problems.append(f"{len(twice)} record(s) twice in {name}, e.g. {sorted(twice)[:3]}")
+    expected_facts = set(topic) - bad
+    if set(fact_offsets) != expected_facts:
+        missing, extra = expected_facts - set(fact_offsets), set(fact_offsets) - expected_facts
+        problems.append(f"facts: {len(missing)} sent record(s) missing, {len(extra)} not from the topic")
+    if set(reject_offsets) != bad:
+        problems.append(f"rejects hold {sorted(reject_offsets)} instead of the malformed {sorted(bad)}")
+    sent = Counter(_click_fields(json.loads(topic[key])) for key in expected_facts if key in topic)
+    landed = Counter(_click_fields(row) for row in facts)
+    if sent != landed:
+        problems.append(f"fact fields differ from what was sent: {sum((sent - landed).values())} row(s)")
+    return problems
+
+
+def _click_fields(row: dict) -> tuple:
+    return (str(row["uid"]), str(row["productId"]), str(row["cookieId"]), int(row["expendTime"]))
+
+
+def check_dimension(name: str, source: list[dict], lake: list[dict], columns: tuple[str, ...]) -> list[str]:
+    def normalized(rows: list[dict]) -> Counter:
+        return Counter(tuple(_plain(r[c]) for c in columns) for r in rows)
+
+    expected, actual = normalized(source), normalized(lake)
+    if expected == actual:
+        return []
+    return [
+        f"{name}: {sum((expected - actual).values())} source row(s) not in the lake, "
+        f"{sum((actual - expected).values())} lake row(s) not in the source, e.g. "
+        f"{list((expected - actual).elements())[:2]} vs {list((actual - expected).elements())[:2]}"
+    ]
+
+
+def _plain(value):
+    if isinstance(value, Decimal):
+        return value.normalize()
+    return None if value is None else str(value) if not isinstance(value, int | float) else value
+
+
+def check_views(facts: list[dict], views: list[dict]) -> list[str]:
+    """product_views counts each product's clicks once: per product, the sum of its groups' views
+    equals its clicks in the fact table (itself checked against the topic)."""
+    clicks = Counter(str(r["productId"]) for r in facts)
+    counted: Counter = Counter()
+    for row in views:
+        counted[str(row["productId"])] += int(row["views"])
+    if clicks == counted:
+        return []
+    return [f"product_views: {dict(counted - clicks)} counted too often, {dict(clicks - counted)} missing"]
+
+
+def check_report(facts: list[dict], report: list[dict]) -> list[str]:
+    days = Counter(r["eventTime"].date() for r in facts)
+    reported: Counter = Counter()
+    for row in report:
+        reported[row["report_date"]] += int(row["events"])
+    problems = []
+    for day, events in reported.items():
+        if days[day] != events:
+            problems.append(f"report {day}: {events} events reported, {days[day]} clicks that day")
+    if not reported:
+        problems.append("the report table is empty")
+    return problems
