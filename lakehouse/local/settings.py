@@ -43,6 +43,13 @@ class StackSettings:
                 raise ValueError(f"{PORT_ENV[part]}={raw!r} is not a port number") from exc
         return cls(home_path, ports["mysql"], ports["kafka"], ports["s3"])
 
+    @classmethod
+    def on_free_ports(cls, home: str | os.PathLike[str]) -> StackSettings:
+        """A stack of its own beside any other (the rehearsal's): ports nobody holds now."""
+        return cls(
+            local_home(home), _bindable_block(1), _bindable_block(1), _bindable_block(S3_PORT_SPAN, grpc=True)
+        )
+
     # Layout of the state directory.
     @property
     def run_dir(self) -> Path:
@@ -105,3 +112,24 @@ def load_or_create_secrets(settings: StackSettings) -> dict[str, str]:
     with os.fdopen(fd, "w") as handle:
         json.dump(values, handle, indent=2)
     return values
+
+
+def _bindable_block(span: int, grpc: bool = False) -> int:
+    """A base port with `span` ports free after it (and SeaweedFS's gRPC ports, base + 10000 + i)."""
+    import random
+    import socket
+
+    def bindable(port: int) -> bool:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+                return True
+            except OSError:
+                return False
+
+    for _ in range(200):
+        base = random.randrange(20_000, 50_000 - span)
+        ports = [*range(base, base + span), *(range(base + 10_001, base + 10_000 + span) if grpc else ())]
+        if all(bindable(p) for p in ports):
+            return base
+    raise RuntimeError("no free block of local ports")

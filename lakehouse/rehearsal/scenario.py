@@ -92,7 +92,7 @@ class Rehearsal:
         began = time.monotonic()
         assembly = CloudAssembly(self.assembly_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        stack = LocalStack(StackSettings.resolve(self.work_dir / "local-stack"))
+        stack = LocalStack(StackSettings.on_free_ports(self.work_dir / "local-stack"))
         moto = MotoServer(self.work_dir / "moto.log")
         cluster: StandaloneCluster | None = None
         self.runs: list[StepRun] = []

@@ -17,6 +17,13 @@ import zipfile
 from pathlib import Path
 
 APP_MASTER_ENV = "spark.yarn.appMasterEnv."
+# spark-submit's options that take a value; the first other argument is the application.
+OPTIONS_WITH_VALUES = frozenset(
+    "--master --deploy-mode --class --name --jars --packages --exclude-packages --repositories "
+    "--py-files --files --archives --conf -c --properties-file --driver-memory --driver-java-options "
+    "--driver-library-path --driver-class-path --executor-memory --proxy-user --driver-cores "
+    "--total-executor-cores --executor-cores --num-executors --queue --principal --keytab".split()
+)
 
 
 def plan(argv: list[str]) -> tuple[list[str], dict[str, str], list[tuple[str, str]]]:
@@ -26,22 +33,23 @@ def plan(argv: list[str]) -> tuple[list[str], dict[str, str], list[tuple[str, st
     archives: list[tuple[str, str]] = []
     deploy_mode = "client"
     position = 0
-    while position < len(argv):
-        arg = argv[position]
-        if arg == "--deploy-mode":
-            deploy_mode = argv[position + 1]
-            position += 2
+    while position < len(argv) and argv[position].startswith("-"):
+        option = argv[position]
+        value = argv[position + 1] if option in OPTIONS_WITH_VALUES and position + 1 < len(argv) else None
+        position += 2 if value is not None else 1
+        if option == "--deploy-mode":
+            deploy_mode = str(value)
             continue
-        if arg == "--conf":
-            key, _, value = argv[position + 1].partition("=")
+        if option in ("--conf", "-c") and value is not None:
+            key, _, setting = value.partition("=")
             if key.startswith(APP_MASTER_ENV):
-                env[key.removeprefix(APP_MASTER_ENV)] = value
+                env[key.removeprefix(APP_MASTER_ENV)] = setting
             if key == "spark.archives":
-                for entry in value.split(","):
+                for entry in setting.split(","):
                     path, _, alias = entry.partition("#")
                     archives.append((path.removeprefix("file://"), alias or Path(path).name))
-        args.append(arg)
-        position += 1
+        args += [option] if value is None else [option, value]
+    args += argv[position:]  # the application and its own arguments, untouched
     if deploy_mode != "cluster":
         return ["--deploy-mode", deploy_mode, *args], {}, []
     return ["--deploy-mode", "client", *args], env, archives
