@@ -246,8 +246,8 @@ class Rehearsal:
         for step, process, began in running:
             try:
                 self._stop_streaming(step, process, began)
-            except RehearsalFailed as stop_failure:
-                failure = failure or stop_failure
+            except RehearsalFailed as stop_failure:  # carries the step's log: report both
+                failure = RehearsalFailed(f"{failure}\n{stop_failure}") if failure else stop_failure
         if failure is not None:
             raise failure
         self._run_step(batch["report"], env)
@@ -307,7 +307,14 @@ class Rehearsal:
         # Spark's client mode merges the Python driver's stderr into spark-submit's stdout.
         stderr = "".join((run.log_dir / name).read_text(errors="replace") for name in ("stdout", "stderr"))
         if code != 0:
-            raise RehearsalFailed(f"step {step.name} exited {code}; its stderr ends:\n{stderr[-4000:]}")
+            # Spark's own INFO lines bury the job's error: show the rest.
+            lines = [
+                line for line in stderr.splitlines() if not re.match(r"\d\d/\d\d/\d\d [\d:]+ INFO ", line)
+            ]
+            tail = "\n".join(lines[-25:])
+            raise RehearsalFailed(
+                f"step {step.name} exited {code}; its log ends:\n{tail}\n(log: {run.log_dir})"
+            )
         origins = re.findall(r"emr_step: running (\S+) from (\S+)", stderr)
         outside = [path for _, path in origins if not re.search(r"/driver-[^/]+/pyenv/jobs/", path)]
         if not origins or outside:
@@ -348,9 +355,11 @@ class Rehearsal:
         price = None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for step, process, _ in running:
-                if process.poll() is not None:
-                    self._finished(step, process.args, process.returncode, time.monotonic())
+            exited = [step.name for step, process, _ in running if process.poll() is not None]
+            if exited:  # reported (exit code, log) when the steps are stopped
+                raise RehearsalFailed(
+                    f"streaming step {', '.join(exited)} ended before the lake was up to date"
+                )
             lake = self._lake()
             if price is None:
                 if lake.get("dim_db.products"):
