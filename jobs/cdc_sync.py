@@ -172,6 +172,7 @@ class CdcSync:
     def start(self) -> CdcSync:
         conn = self._connect()
         try:
+            source_db.require_binlog_settings(conn)
             is_mariadb = source_db.is_mariadb(conn)
             for spec in self.specs:
                 self.tables[(spec.source_schema, spec.source_name)] = self._prepare(conn, spec, is_mariadb)

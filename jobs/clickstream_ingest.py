@@ -256,6 +256,10 @@ class ClickstreamIngest:
     def finish(self) -> None:
         """On a clean stop: commit the held rejects and the rejects offsets batches moved on."""
         self._commit_rejects()
+        self.close()
+
+    def close(self) -> None:
+        """Release the broker clients (also after a failure; idempotent)."""
         self._metadata.close()
 
     def _starts(self, partitions: list[int]) -> tuple[Offsets, Offsets, Offsets]:

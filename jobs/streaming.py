@@ -61,7 +61,8 @@ PROBLEM_SHOWN_SECONDS = 30.0  # a reconnect this recent is still shown as the jo
 class StreamingJob(Protocol):
     def prepare(self) -> None: ...
     def run_batch(self) -> int: ...
-    def finish(self) -> None: ...
+    def finish(self) -> None: ...  # a clean stop: commit what is held
+    def close(self) -> None: ...  # always, also after a failure: release readers and clients
     def lag_seconds(self) -> float | None: ...
     def reached_end(self) -> bool: ...  # --until-idle: its source has nothing more (CDC only)
     def problem(self) -> str | None: ...  # a condition it is riding out (the source unreachable)
@@ -121,9 +122,13 @@ class CdcJob:
         return self.sync.run_batch()
 
     def finish(self) -> None:
-        self.sync.close()
         for error in self.sync.errors:  # a table stopped (unsupported DDL, ...): the others go on
             log.error("cdc: %s", error)
+
+    def close(self) -> None:
+        # Its binlog reader: left running, it would share the server id with the restarted job's
+        # reader, and MySQL drops one of two dump threads with the same id whenever one connects.
+        self.sync.close()
 
     def lag_seconds(self) -> float | None:
         return self.sync.last_report.lag_seconds if self.sync.last_report.position else None
@@ -161,6 +166,9 @@ class IngestJob:
     def finish(self) -> None:
         self.ingest.finish()
 
+    def close(self) -> None:
+        self.ingest.close()
+
     def lag_seconds(self) -> float | None:
         return self.ingest.last_lag_seconds
 
@@ -188,6 +196,9 @@ class ViewsJob:
         return self.views.run_batch()
 
     def finish(self) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
     def lag_seconds(self) -> float | None:
@@ -277,6 +288,12 @@ class _JobRunner:
     def _run_once(self) -> None:
         self.status.state = "starting"
         job = self.factory(self.stop)
+        try:
+            self._prepare_and_run(job)
+        finally:
+            job.close()  # also after a failure, before the job is built again
+
+    def _prepare_and_run(self, job: StreamingJob) -> None:
         job.prepare()
         self.prepared.set()
         self.status.state = "running"

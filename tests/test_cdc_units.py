@@ -259,3 +259,31 @@ def test_catching_up_a_batch_stops_at_its_size_cap_or_at_a_ddl() -> None:
         sync.reader.items.put(item)
     transactions, ddl, drained_all = sync._drain()
     assert [t.end.pos for t in transactions] == [101] and ddl is alter and not drained_all
+
+
+@pytest.mark.parametrize(
+    ("column", "fills"),
+    [
+        ("stock INT DEFAULT(7)", True),  # no space after DEFAULT: the form MySQL's docs show for expressions
+        ("stock INT DEFAULT (7)", True),
+        ("stock INT DEFAULT 0", True),
+        ("stock INT NOT NULL", True),  # existing rows get the type's implicit default
+        ("ts TIMESTAMP DEFAULT CURRENT_TIMESTAMP", True),
+        ("ts DATETIME(6) DEFAULT now(6)", True),
+        ("j JSON DEFAULT (JSON_ARRAY())", True),
+        ("g INT GENERATED ALWAYS AS (qty + 1) VIRTUAL", True),
+        ("g INT AS (qty+1) STORED", True),
+        ("n INT AUTO_INCREMENT UNIQUE", True),
+        ("s SET('a','b') DEFAULT 'a,b'", True),
+        ("n INT NULL DEFAULT NULL", False),
+        ("n INT DEFAULT(NULL)", False),
+        ("n INT", False),
+        ("n VARCHAR(10) COMMENT 'DEFAULT 5 AS (x)'", False),  # only looks like a default
+        ("n INT UNSIGNED AFTER qty", False),
+    ],
+)
+def test_an_added_column_that_fills_existing_rows_is_recognised(column: str, fills: bool) -> None:
+    for statement in (f"ALTER TABLE t ADD COLUMN {column}", f"ALTER ONLINE TABLE t ADD {column}"):
+        ddl = classify(statement)
+        assert ddl is not None and not ddl.unsupported, statement
+        assert ddl.fills_existing_rows is fills, statement

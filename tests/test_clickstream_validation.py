@@ -74,7 +74,7 @@ def test_each_malformed_kind_has_its_reason(raw, reason):
         payload(webpageId=-(2**31), expendTime=2**31 - 1, uid="", extra={"nested": [1]}),
         b'{"uid":"1","webpageId":1,"productId":"p","cookieId":"c","expendTime":0,"updateTime":'
         + str(NOW_MS).encode()
-        + b',"uid":"2"}',  # duplicate key: the last one wins, as in json.loads
+        + b',"uid":"2"}',  # a field written twice: rejected by both (json.loads would keep the last)
         *(raw for raw, _ in MALFORMED),
     ],
 )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from pymysqlreplication.event import (
     MariadbBinLogCheckPointEvent,
     MariadbGtidEvent,
     MariadbGtidListEvent,
+    NotImplementedEvent,
     QueryEvent,
     RotateEvent,
     StopEvent,
@@ -39,11 +41,22 @@ from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateR
 
 from jobs.cdc.change_batch import RowChange, row_changes
 from jobs.cdc.ddl import DdlChange, classify
+from jobs.cdc.source_db import binlog_setting_problems
 
 log = logging.getLogger(__name__)
 
 _ROW_KIND = {WriteRowsEvent: "insert", UpdateRowsEvent: "update", DeleteRowsEvent: "delete"}
 BINLOG_GONE_CODE = 1236  # ER_MASTER_FATAL_ERROR_READING_BINLOG: file purged / position invalid
+# Events the library does not decode (it hands them over as NotImplementedEvent): a compressed
+# transaction or event holds row changes that would otherwise vanish without a trace.
+COMPRESSED_EVENTS = {
+    40: "MySQL Transaction_payload_event (binlog_transaction_compression=ON)",
+    **{code: "MariaDB compressed event (log_bin_compress=ON)" for code in range(165, 172)},
+}
+COMPRESSION_FIX = (
+    "turn binlog compression off (RDS MySQL: binlog_transaction_compression=OFF in the DB parameter "
+    "group, and no session enables it; MariaDB: log_bin_compress=OFF)"
+)
 
 
 @dataclass(frozen=True)
@@ -105,6 +118,10 @@ class BinlogGone(RuntimeError):
     """The stored position is no longer in the server's binlog (purged)."""
 
 
+class UnreadableBinlog(RuntimeError):
+    """The binlog holds what the reader cannot decode (compression) or its settings changed."""
+
+
 class BinlogReader:
     def __init__(
         self,
@@ -141,7 +158,12 @@ class BinlogReader:
         self._stop.set()
         stream = self._stream
         if stream is not None:
+            # The reading thread sits in a blocking recv until the next event or heartbeat (5 s):
+            # shutting the socket down wakes it now; close() alone does not.
+            sock = getattr(getattr(stream, "_stream_connection", None), "_sock", None)
             try:
+                if sock is not None:
+                    sock.shutdown(socket.SHUT_RDWR)
                 stream.close()
             except Exception:  # noqa: BLE001 - closing a dead socket may fail; we are leaving
                 pass
@@ -183,7 +205,11 @@ class BinlogReader:
                 MariadbBinLogCheckPointEvent,
                 StopEvent,
                 XAPrepareEvent,
+                NotImplementedEvent,
             ],
+            # Hand over the events the library cannot decode (by default it drops them unseen):
+            # a compressed one must stop the sync, not vanish.
+            filter_non_implemented_events=False,
             enable_logging=False,  # it would log the connection parameters
             # No only_tables/only_schemas: the library then skips other tables' TableMap events and
             # keeps a stale table-id entry, so after a server restart reuses the id of a synced table
@@ -197,10 +223,14 @@ class BinlogReader:
         backoff = 0.5
         while not self._stop.is_set():
             try:
+                self._check_settings()  # at every (re)connect: they may have changed meanwhile
                 self._stream = self._open()
                 self._read(self._stream)
             except Exception as exc:  # noqa: BLE001 - classified below
                 if self._stop.is_set():
+                    break
+                if isinstance(exc, UnreadableBinlog):
+                    self.fatal = exc
                     break
                 if isinstance(exc, pymysql.err.OperationalError) and exc.args[0] == BINLOG_GONE_CODE:
                     self.fatal = BinlogGone(str(exc.args[1] if len(exc.args) > 1 else exc))
@@ -226,6 +256,15 @@ class BinlogReader:
                         pass
                     self._stream = None
 
+    def _check_settings(self) -> None:
+        conn = pymysql.connect(**self._settings)
+        try:
+            problems = binlog_setting_problems(conn)
+        finally:
+            conn.close()
+        if problems:
+            raise UnreadableBinlog(f"the source's binlog settings changed: {'; '.join(problems)}")
+
     def _put(self, item: Transaction | DdlEvent) -> None:
         while not self._stop.is_set():
             try:
@@ -242,6 +281,14 @@ class BinlogReader:
         for event in stream:
             if self._stop.is_set():
                 return
+            if isinstance(event, NotImplementedEvent):
+                if event.event_type in COMPRESSED_EVENTS:
+                    # Never skipped: the position stays before this transaction.
+                    raise UnreadableBinlog(
+                        f"{COMPRESSED_EVENTS[event.event_type]} at {stream.log_file}:{stream.log_pos}, "
+                        f"which the binlog reader cannot decode: {COMPRESSION_FIX}"
+                    )
+                continue
             kind = _ROW_KIND.get(type(event))
             if kind is not None:
                 key = self._tables.get((event.schema, event.table))

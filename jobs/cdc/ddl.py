@@ -3,7 +3,8 @@
 Only `ALTER TABLE ... ADD [COLUMN]` is followed (the column is added to the Iceberg table). Every
 other change to a synced table's shape (drop, rename, type change, truncate) stops that table.
 An added column with a DEFAULT or NOT NULL fills the existing rows without any row events, so such
-a change is flagged for a backfill (`fills_existing_rows`).
+a change is flagged for a backfill (`fills_existing_rows`, which parses the column definition with
+sqlglot rather than matching text).
 """
 
 from __future__ import annotations
@@ -37,8 +38,38 @@ _ADD_COLUMN = re.compile(
     re.I | re.S,
 )
 
-# A value for existing rows: a non-NULL default, an auto-increment or a generated (computed) column.
-_FILLS = re.compile(r"\bDEFAULT\s+(?!NULL\b)|\bAUTO_INCREMENT\b|\bAS\s*\(", re.I)
+
+def fills_existing_rows(column_definition: str) -> bool:
+    """Whether adding this column gives the existing rows a value the binlog never shows: NOT
+    NULL, a DEFAULT other than NULL (literal, `DEFAULT(7)`, an expression, CURRENT_TIMESTAMP),
+    AUTO_INCREMENT or a generated column. The definition (`name type ...`) is parsed with sqlglot's
+    MySQL dialect, so a COMMENT that only reads like a default is not one; a definition it cannot
+    parse counts as filling (a needless re-snapshot costs time, a missed fill costs correctness)."""
+    import sqlglot
+    from sqlglot import exp
+
+    try:
+        tree = sqlglot.parse_one(f"ALTER TABLE t ADD COLUMN {column_definition}", read="mysql")
+    except sqlglot.errors.SqlglotError:
+        return True
+    column = next(iter(tree.find_all(exp.ColumnDef)), None)
+    if column is None:
+        return True
+    for constraint in column.args.get("constraints") or []:
+        kind = constraint.kind
+        if isinstance(kind, exp.NotNullColumnConstraint) and not kind.args.get("allow_null"):
+            return True
+        if isinstance(kind, exp.ComputedColumnConstraint | exp.AutoIncrementColumnConstraint):
+            return True
+        if isinstance(kind, exp.GeneratedAsIdentityColumnConstraint):
+            return True
+        if isinstance(kind, exp.DefaultColumnConstraint):
+            value = kind.this
+            while isinstance(value, exp.Paren):
+                value = value.this
+            if not isinstance(value, exp.Null):
+                return True
+    return False
 
 
 def _unquote(ident: str | None) -> str | None:
@@ -98,7 +129,7 @@ def classify(statement: str) -> DdlChange | None:
             if add and not re.match(r"^ADD\s+(COLUMN\s+)?\(", clause, re.I):
                 not_null = re.search(r"\bNOT\s+NULL\b", add.group(3), re.I) is not None
                 added.append(SourceColumn(_unquote(add.group(1)), add.group(2), nullable=not not_null))
-                fills = fills or not_null or _FILLS.search(add.group(3)) is not None
+                fills = fills or fills_existing_rows(f"{add.group(1)} {add.group(2)}{add.group(3)}")
             else:
                 problems.append(clause)
         if problems:

@@ -59,6 +59,45 @@ def connection_settings(config: LakehouseConfig, creds: Credentials) -> dict:
     }
 
 
+# What the binlog reader needs of the source's binlog, and the accepted values (on RDS these are
+# DB parameter group settings). Compressed transactions (MySQL 8.0.20+) and compressed events
+# (MariaDB) are not decoded by python-mysql-replication: followed silently, they would vanish.
+REQUIRED_BINLOG_SETTINGS: dict[str, tuple[str, ...]] = {
+    "log_bin": ("ON", "1"),
+    "binlog_format": ("ROW",),
+    "binlog_row_image": ("FULL",),  # MINIMAL/NOBLOB leave columns out of the row images
+    "binlog_row_metadata": ("FULL",),  # without it column names arrive as UNKNOWN_COLn
+    "binlog_transaction_compression": ("OFF", "0"),  # MySQL
+    "log_bin_compress": ("OFF", "0"),  # MariaDB
+}
+_ONE_SERVER_ONLY = {"binlog_transaction_compression", "log_bin_compress"}
+
+
+def binlog_setting_problems(conn: pymysql.Connection) -> list[str]:
+    """`name=value (needs X)` for every binlog setting CDC cannot follow (empty: all good)."""
+    names = ", ".join(f"'{name}'" for name in REQUIRED_BINLOG_SETTINGS)
+    with conn.cursor() as cur:
+        cur.execute(f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({names})")
+        values = {str(name).lower(): str(value).upper() for name, value in cur.fetchall()}
+    problems = []
+    for name, accepted in REQUIRED_BINLOG_SETTINGS.items():
+        value = values.get(name)
+        if value is None and name not in _ONE_SERVER_ONLY:
+            problems.append(f"{name} is not available (needs {accepted[0]})")
+        elif value is not None and value not in accepted:
+            problems.append(f"{name}={value} (needs {accepted[0]})")
+    return problems
+
+
+def require_binlog_settings(conn: pymysql.Connection) -> None:
+    problems = binlog_setting_problems(conn)
+    if problems:
+        raise ConfigError(
+            f"the source's binlog cannot be followed: {'; '.join(problems)}. Change the server's "
+            "settings (on RDS: the DB parameter group) and start CDC again"
+        )
+
+
 # Refusals that waiting cannot fix: access denied (1044, 1045, 1698), unknown database (1049).
 REFUSALS = frozenset({1044, 1045, 1049, 1698})
 

@@ -25,12 +25,19 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from functools import cache
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, TopicPartition
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.clickstream.schema import FETCHED_RECORD
-from jobs.clickstream.validation import REQUIRED_FIELDS, ClickEvent, classify_payload, valid_event_values
+from jobs.clickstream.validation import (
+    REQUIRED_FIELDS,
+    ClickEvent,
+    RejectReason,
+    classify_payload,
+    raw_payload_text,
+    valid_event_values,
+)
 from jobs.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -176,39 +183,72 @@ _EVENT_FIELDS = tuple(REQUIRED_FIELDS)  # the order `valid_event_values` returns
 _REJECT_FIELDS = ("reject_reason", "raw_payload", "payload_is_base64")
 
 
-def _arrow_batch(partition: int, messages: list, now_ms: int):
+def _record_time_ms(message) -> int | None:
+    """The record's Kafka timestamp (producer or broker time), None when it carries none."""
+    kind, ms = message.timestamp()
+    return ms if kind != TIMESTAMP_NOT_AVAILABLE and ms >= 0 else None
+
+
+def _arrow_batch(partition: int, messages: list):
     """One Arrow batch (FETCHED_RECORD) of classified records, built column-wise.
 
     Valid events take `valid_event_values` (a few C-level checks); only the others go through
-    `classify_payload` to learn why they are rejected.
+    `classify_payload` to learn why they are rejected. A record becomes a fact row or a reject,
+    never an exception: a value the checks let through that Arrow still refuses is found record by
+    record and rejected as `unconvertible` (the batch, and the job, go on).
     """
+    values = [message.value() for message in messages]
+    times = [_record_time_ms(message) for message in messages]
+    parsed = [valid_event_values(value, ms) for value, ms in zip(values, times, strict=True)]
+    n = len(messages)
+    rejects: list[tuple | None] = [None] * n
+    for i, value in enumerate(values):
+        if parsed[i] is not None:
+            continue
+        verdict = classify_payload(value, times[i])
+        if isinstance(verdict, ClickEvent):  # the two agree (tested); this only guards drift
+            parsed[i] = tuple(getattr(verdict, name) for name in _EVENT_FIELDS)
+        else:
+            rejects[i] = (verdict.reason, verdict.raw_payload, verdict.payload_is_base64)
+    try:
+        return _to_record_batch(partition, messages, parsed, rejects)
+    except Exception:  # noqa: BLE001 - which record? ask each one (rare: every check passed)
+        for i in range(n):
+            if parsed[i] is not None and (problem := _unconvertible(parsed[i])) is not None:
+                text, is_base64 = raw_payload_text(values[i] or b"")
+                parsed[i], rejects[i] = None, (f"{RejectReason.UNCONVERTIBLE}: {problem}", text, is_base64)
+        return _to_record_batch(partition, messages, parsed, rejects)
+
+
+def _unconvertible(row: tuple) -> str | None:
     import pyarrow as pa
 
     schema = _fetched_arrow_schema()
-    values = [message.value() for message in messages]
-    parsed = [valid_event_values(value, now_ms) for value in values]
+    for name, value in zip(_EVENT_FIELDS, row, strict=True):
+        try:
+            pa.array([value], schema.field(name).type)
+        except Exception as exc:  # noqa: BLE001 - the reason is recorded with the reject
+            return f"{name}: {type(exc).__name__}: {str(exc)[:200]}"
+    return None
+
+
+def _to_record_batch(partition: int, messages: list, parsed: list, rejects: list):
+    import pyarrow as pa
+
+    schema = _fetched_arrow_schema()
     n = len(messages)
-    reasons: list | None = None
-    if None in parsed:
-        reasons, raw, is_base64 = [None] * n, [None] * n, [None] * n
-        for i, value in enumerate(values):
-            if parsed[i] is not None:
-                continue
-            verdict = classify_payload(value, now_ms)
-            if isinstance(verdict, ClickEvent):  # the two agree (tested); this only guards drift
-                parsed[i] = tuple(getattr(verdict, name) for name in _EVENT_FIELDS)
-                continue
-            reasons[i], raw[i], is_base64[i] = verdict.reason, verdict.raw_payload, verdict.payload_is_base64
-    if reasons is None:
-        event_columns = list(zip(*parsed, strict=True))
-        reject_arrays = [pa.nulls(n, schema.field(name).type) for name in _REJECT_FIELDS]
-    else:
-        empty = (None,) * len(_EVENT_FIELDS)
-        event_columns = list(zip(*(row or empty for row in parsed), strict=True))
+    empty_event, empty_reject = (None,) * len(_EVENT_FIELDS), (None,) * len(_REJECT_FIELDS)
+    event_columns = list(zip(*(row or empty_event for row in parsed), strict=True)) or [()] * len(
+        _EVENT_FIELDS
+    )
+    if any(r is not None for r in rejects):
+        reject_columns = list(zip(*(r or empty_reject for r in rejects), strict=True))
         reject_arrays = [
             pa.array(column, schema.field(name).type)
-            for name, column in zip(_REJECT_FIELDS, (reasons, raw, is_base64), strict=True)
+            for name, column in zip(_REJECT_FIELDS, reject_columns, strict=True)
         ]
+    else:
+        reject_arrays = [pa.nulls(n, schema.field(name).type) for name in _REJECT_FIELDS]
     arrays = [
         pa.array([partition] * n, pa.int32()),
         pa.array([message.offset() for message in messages], pa.int64()),
@@ -351,7 +391,7 @@ def _read_range(reader: _PartitionReader, plan: OffsetRange, settings: FetchSett
             records.append(message)
         read += len(messages)
         if records:
-            yield _arrow_batch(plan.partition, records, int(time.time() * 1000))
+            yield _arrow_batch(plan.partition, records)
         # Below the minimum end every record exists: keep reading whatever a poll returns, asking
         # for no more than are left below it (a poll returns once it has what it asked for, so
         # reaching the end costs no wait). Past it, take what is already buffered, without

@@ -128,7 +128,7 @@ class MariaDb:
         if result.returncode != 0:
             raise StackError(f"mariadb-install-db failed:\n{result.stdout}\n{result.stderr}")
 
-    def _admin(self, sql: str) -> str:
+    def admin_sql(self, sql: str) -> str:
         """Run SQL as the local superuser over the unix socket (socket auth, no password)."""
         result = subprocess.run(
             ["mariadb", f"--socket={self.socket}", "-u", "root", "-N", "-B", "-e", sql],
@@ -140,7 +140,7 @@ class MariaDb:
         return result.stdout
 
     def _accepts_admin(self) -> bool:
-        return self.socket.exists() and self._admin("SELECT 1").strip() == "1"
+        return self.socket.exists() and self.admin_sql("SELECT 1").strip() == "1"
 
     def _bootstrap(self, secrets: dict[str, str]) -> None:
         app_pw = secrets["mysql_app_password"]
@@ -156,7 +156,7 @@ class MariaDb:
                 # Exactly what a binlog reader needs, nothing more.
                 f"GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO '{CDC_USER}'@'{host}'",
             ]
-        self._admin(";\n".join(statements))
+        self.admin_sql(";\n".join(statements))
         self._seed(app_pw)
 
     def _seed(self, app_password: str) -> None:
