@@ -59,8 +59,7 @@ from lakehouse.rehearsal.substitutions import (
 )
 
 Log = Callable[[str], None]
-# Slots, not cores: three applications at a time (streaming, report, maintain), 2 cores each.
-WORKER_CORES, WORKER_MEMORY, EXECUTOR_MEMORY, CORES_PER_APPLICATION = 6, "6g", "1g", 2
+WORKER_CORES, WORKER_MEMORY, EXECUTOR_MEMORY = 2, "2g", "1g"
 MALFORMED = (b"{not json", b'{"uid": "u1"}', b"[1, 2, 3]")  # sent beside gendata's clicks
 
 
@@ -109,7 +108,7 @@ class Rehearsal:
             worker_env = node_environment(node, self._aws_env(moto))  # executors inherit it
             cluster = StandaloneCluster(
                 node.spark_home, self.work_dir / "spark-standalone", worker_env,
-                cores=WORKER_CORES, memory=WORKER_MEMORY, cores_per_application=CORES_PER_APPLICATION,
+                cores=WORKER_CORES, memory=WORKER_MEMORY,
                 master_port=int(self.subs.local.spark_master.rsplit(":", 1)[1]),
             )  # fmt: skip
             cluster.start()
@@ -239,20 +238,11 @@ class Rehearsal:
         if len(topic) != self.clicks + len(bad):
             raise RehearsalFailed(f"gendata sent {len(topic) - len(bad)} records, not {self.clicks}")
         running = [self._start_step(step, env) for step in streaming]
-        batch_runs: list = []
         failure: BaseException | None = None
         try:
             self._wait_for_lake(topic, bad, state, running)
-            # As on the cluster (step concurrency > 1): the batch jobs run beside the streaming
-            # step, maintain's commits racing the streaming jobs' commits.
-            batch_runs = [self._start_step(batch[job], env) for job in ("report", "maintain")]
-            for step, process, began in batch_runs:
-                self._wait_step(step, process, began)
         except BaseException as error:  # stop the steps first, then report what went wrong
             failure = error
-            for _, process, _ in batch_runs:
-                if process.poll() is None:
-                    os.killpg(process.pid, signal.SIGKILL)
         for step, process, began in running:
             try:
                 self._stop_streaming(step, process, began)
@@ -260,6 +250,8 @@ class Rehearsal:
                 failure = RehearsalFailed(f"{failure}\n{stop_failure}") if failure else stop_failure
         if failure is not None:
             raise failure
+        self._run_step(batch["report"], env)
+        self._run_step(batch["maintain"], env)
         problems = self._verify(topic, bad, state)
         if not moto.metric_names("Lakehouse/dev", REHEARSAL_REGION):
             problems.append("no job metric reached CloudWatch (moto) in namespace Lakehouse/dev")
@@ -298,9 +290,7 @@ class Rehearsal:
         return step, process, time.monotonic()
 
     def _run_step(self, step: StepDefinition, env: dict[str, str], timeout: float = 600) -> None:
-        self._wait_step(*self._start_step(step, env), timeout=timeout)
-
-    def _wait_step(self, step: StepDefinition, process, began: float, timeout: float = 600) -> None:
+        step, process, began = self._start_step(step, env)
         try:
             code = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

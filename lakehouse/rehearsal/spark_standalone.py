@@ -29,8 +29,6 @@ class StandaloneCluster:
     env: dict[str, str]  # the node's environment (executors inherit the worker's)
     cores: int = 2
     memory: str = "2g"
-    # What an application gets when it asks for no limit (the YARN queue's share on the cluster).
-    cores_per_application: int = 2
     master_port: int = 0
 
     def __post_init__(self) -> None:
@@ -72,12 +70,7 @@ class StandaloneCluster:
         )
 
     def _spawn(self, command: list[str], log: Path) -> None:
-        env = {
-            **self.env,
-            "SPARK_LOCAL_IP": "127.0.0.1",
-            "SPARK_NO_DAEMONIZE": "1",
-            "SPARK_MASTER_OPTS": f"-Dspark.deploy.defaultCores={self.cores_per_application}",
-        }
+        env = {**self.env, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"}
         with log.open("ab") as out:
             self._processes.append(
                 subprocess.Popen(
