@@ -59,7 +59,9 @@ from lakehouse.rehearsal.substitutions import (
 )
 
 Log = Callable[[str], None]
-WORKER_CORES, WORKER_MEMORY, EXECUTOR_MEMORY = 2, "2g", "1g"
+# One executor of both cores per application: each executor JVM starts and unpacks the ~110 MB
+# archive on its own, so two of one core each cost this 2-core box more than they give.
+WORKER_CORES, WORKER_MEMORY, EXECUTOR_MEMORY, EXECUTOR_CORES = 2, "3g", "2g", 2
 MALFORMED = (b"{not json", b'{"uid": "u1"}', b"[1, 2, 3]")  # sent beside gendata's clicks
 
 
@@ -161,7 +163,7 @@ class Rehearsal:
             catalog_jdbc_uri=f"jdbc:sqlite:{self.work_dir / 'catalog.db'}",
             spark_master=f"spark://127.0.0.1:{free_port()}",
             executor_memory=EXECUTOR_MEMORY,
-            executor_cores=1,
+            executor_cores=EXECUTOR_CORES,
         )
         return Substitutions(local=local, make_secret=make_secret)
 
