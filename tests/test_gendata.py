@@ -72,6 +72,8 @@ def test_gendata_command_sends_and_summarises(local_stack, tmp_path):
         topic,
         "--manifest",
         str(manifest),
+        "--start-ms",  # fixed event times: the content is then a function of the seed alone
+        "1763700000000",
     )
     assert "sent=2000 failed=0" in result.stderr and "events/s" in result.stderr
     lines = manifest.read_text().splitlines()[1:]
@@ -80,3 +82,15 @@ def test_gendata_command_sends_and_summarises(local_stack, tmp_path):
     assert kinds.count(VALID) == sum(r.kind == VALID for r in generate_records(2000, seed=9, bad_ratio=0.1))
     partitions = {line.split(",")[0] for line in lines}
     assert partitions == {"0", "1", "2"}
+    # The topic read back holds exactly what the manifest says was delivered, and those payloads
+    # are the seeded records, each once.
+    from collections import Counter
+
+    from lakehouse.rehearsal.checks import read_topic
+
+    stored = read_topic(local_stack.broker.bootstrap, topic, 3)
+    assert sorted(stored) == sorted((int(line.split(",")[0]), int(line.split(",")[1])) for line in lines)
+    expected = Counter(
+        r.payload for r in generate_records(2000, seed=9, bad_ratio=0.1, start_ms=1763700000000)
+    )
+    assert Counter(stored.values()) == expected

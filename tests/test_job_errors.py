@@ -85,7 +85,16 @@ def test_a_missing_topic_stops_the_ingest_before_it_writes(local_stack) -> None:
 def test_a_wrong_cdc_password_is_refused_at_once_and_not_retried(local_stack, tmp_path) -> None:
     home = home_with(local_stack, tmp_path, lambda s: s["mysql"].update(cdc_password="not-the-password"))
     before = catalog_pointers(local_stack.settings.catalog_path)
+    denied_before = access_denied_errors(local_stack)
     result = run_cli("run", "cdc", "--home", home, "--until-idle", check=False, timeout=180)
     assert_one_clear_error(result, "refused user 'lakehouse_cdc'", "Access denied")
     assert result.returncode == 2
+    # One attempt, not retried: the server refused exactly one login.
+    assert access_denied_errors(local_stack) - denied_before == 1
     assert catalog_pointers(local_stack.settings.catalog_path) == before
+
+
+def access_denied_errors(local_stack) -> int:
+    """MariaDB's count of refused logins since it started."""
+    line = local_stack.mariadb.admin_sql("SHOW GLOBAL STATUS LIKE 'Access_denied_errors'")
+    return int(line.split()[1])
