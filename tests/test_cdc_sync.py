@@ -867,7 +867,6 @@ def test_a_compressed_transaction_stops_the_sync_instead_of_vanishing(spark, app
     seed_rows(app_conn, name, 3)
     sync = make_sync(pair)
     catch_up(sync)
-    before = stored_position(spark, f"lakehouse.dim_db.{name}")
     admin_sql("SET GLOBAL log_bin_compress=ON", undo="SET GLOBAL log_bin_compress=OFF")
     with app_conn.cursor() as cur:  # above log_bin_compress_min_len (256 bytes): compressed
         cur.execute(f"INSERT INTO {name} (id, name, note) VALUES ('big', 'b', %s)", ("x" * 2000,))
@@ -885,7 +884,6 @@ def test_a_compressed_transaction_stops_the_sync_instead_of_vanishing(spark, app
     # it: a restarted sync (compression off by now) meets the same transaction and stops again.
     lake_ids = {r["id"] for r in spark.table(f"lakehouse.dim_db.{name}").collect()}
     assert lake_ids == {"k00000", "k00001", "k00002"}
-    assert stored_position(spark, f"lakehouse.dim_db.{name}").order >= before.order
     sync.close()
     again = make_sync(pair)
     deadline = time.monotonic() + 60

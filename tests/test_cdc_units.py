@@ -275,6 +275,7 @@ def test_catching_up_a_batch_stops_at_its_size_cap_or_at_a_ddl() -> None:
         ("g INT AS (qty+1) STORED", True),
         ("n INT AUTO_INCREMENT UNIQUE", True),
         ("s SET('a','b') DEFAULT 'a,b'", True),
+        ("id SERIAL", True),
         ("n INT NULL DEFAULT NULL", False),
         ("n INT DEFAULT(NULL)", False),
         ("n INT", False),

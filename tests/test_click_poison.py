@@ -117,9 +117,29 @@ def test_the_verdict_depends_on_the_records_timestamp_not_on_the_readers_clock(m
     assert isinstance(classify_payload(inside, RECORD_MS), ClickEvent)
 
 
-def test_a_record_without_a_timestamp_gets_no_upper_bound():
-    batch = _arrow_batch(0, [Message(good(updateTime=RECORD_MS * 2), 0, ms=-1)])
-    assert _verdicts(batch) == [None]
+def test_a_record_without_a_timestamp_gets_only_the_absolute_upper_bound():
+    batch = _arrow_batch(
+        0, [Message(good(updateTime=RECORD_MS * 2), 0, ms=-1), Message(good(updateTime=2**62), 1, -1)]
+    )
+    assert _verdicts(batch) == [None, "update_time_out_of_range"]  # past year 9999: no timestamp holds it
+
+
+def test_a_value_arrow_refuses_after_every_check_becomes_an_unconvertible_reject(monkeypatch):
+    """The fallback for drift between the checks and the Arrow schema: found record by record."""
+    import jobs.clickstream.kafka_source as kafka_source
+
+    checked = kafka_source.valid_event_values
+
+    def drifted(payload, record_time_ms):
+        values = checked(payload, record_time_ms)
+        return (2**40, *values[1:]) if values and json.loads(payload)["uid"] == "bad" else values
+
+    monkeypatch.setattr(kafka_source, "valid_event_values", drifted)
+    batch = _arrow_batch(0, [Message(good(uid="ok"), 0), Message(good(uid="bad"), 1)])
+    reasons = _verdicts(batch)
+    assert reasons[0] is None and reasons[1].startswith("unconvertible: webpageId")
+    assert batch.column("uid").to_pylist() == ["ok", None]
+    assert batch.column("raw_payload").to_pylist()[1] == good(uid="bad").decode()
 
 
 _json_values = st.recursive(

@@ -100,18 +100,22 @@ def test_aws_values_are_substituted_and_recorded_keys_never(tmp_path):
 
 
 def test_click_check_finds_a_lost_a_doubled_and_a_misplaced_record():
-    def sent(uid: str) -> bytes:
-        return json.dumps({"uid": uid, "productId": "1", "cookieId": "c", "expendTime": 1}).encode()
+    from datetime import UTC, datetime
 
-    topic = {(0, 0): sent("a"), (0, 1): sent("b"), (1, 0): b"{bad"}
-    row = {
-        "uid": "a",
+    event = {
+        "webpageId": 5,
         "productId": "1",
         "cookieId": "c",
         "expendTime": 1,
-        "kafka_partition": 0,
-        "kafka_offset": 0,
+        "updateTime": 1_763_700_000_123,
     }
+
+    def sent(uid: str) -> bytes:
+        return json.dumps({**event, "uid": uid}).encode()
+
+    topic = {(0, 0): sent("a"), (0, 1): sent("b"), (1, 0): b"{bad"}
+    at = datetime.fromtimestamp(1_763_700_000.123, UTC)
+    row = {**event, "uid": "a", "eventTime": at, "kafka_partition": 0, "kafka_offset": 0}
     good = [row, {**row, "uid": "b", "kafka_offset": 1}]
     reject = [{"kafka_partition": 1, "kafka_offset": 0}]
     assert check_clicks(topic, {(1, 0)}, good, reject) == []
@@ -119,6 +123,10 @@ def test_click_check_finds_a_lost_a_doubled_and_a_misplaced_record():
     assert check_clicks(topic, {(1, 0)}, [*good, good[0]], reject)  # twice
     assert check_clicks(topic, {(1, 0)}, good, [])  # the malformed one vanished
     assert check_clicks(topic, {(1, 0)}, [good[0], {**good[1], "uid": "z"}], reject)  # altered
+    assert check_clicks(topic, {(1, 0)}, [good[0], {**good[1], "webpageId": 6}], reject)
+    assert check_clicks(
+        topic, {(1, 0)}, [good[0], {**good[1], "eventTime": at.replace(microsecond=0)}], reject
+    )
     assert check_views(good, [{"productId": "1", "views": 2}]) == []
     assert check_views(good, [{"productId": "1", "views": 3}])
     assert check_dimension("t", [{"k": 1}, {"k": 1}], [{"k": 1}], ("k",))  # duplicates matter

@@ -224,6 +224,8 @@ class BinlogReader:
         while not self._stop.is_set():
             try:
                 self._check_settings()  # at every (re)connect: they may have changed meanwhile
+                if self._stop.is_set():  # stopped meanwhile: open no dump connection
+                    break
                 self._stream = self._open()
                 self._read(self._stream)
             except Exception as exc:  # noqa: BLE001 - classified below

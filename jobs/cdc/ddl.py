@@ -55,6 +55,8 @@ def fills_existing_rows(column_definition: str) -> bool:
     column = next(iter(tree.find_all(exp.ColumnDef)), None)
     if column is None:
         return True
+    if column.args.get("kind") is not None and column.args["kind"].sql("mysql").upper().startswith("SERIAL"):
+        return True  # BIGINT UNSIGNED NOT NULL AUTO_INCREMENT UNIQUE
     for constraint in column.args.get("constraints") or []:
         kind = constraint.kind
         if isinstance(kind, exp.NotNullColumnConstraint) and not kind.args.get("allow_null"):

@@ -15,6 +15,8 @@ from pyspark.sql import functions as F
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 MIN_UPDATE_TIME_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
+# Whatever the record's timestamp says: past 9999-12-31 no timestamp column can hold the event time.
+MAX_UPDATE_TIME_MS = 253_402_300_799_999
 MAX_FUTURE_MS = 24 * 3600 * 1000
 
 INT32_RANGE = (-(2**31), 2**31 - 1)
@@ -150,7 +152,8 @@ def classify_payload(payload: bytes | None, record_time_ms: int | None) -> Click
         if problem:
             return Rejected(problem, text, False)
     update_time, latest = document["updateTime"], _future_limit(record_time_ms)
-    if update_time < MIN_UPDATE_TIME_MS or (latest is not None and update_time > latest):
+    too_late = update_time > MAX_UPDATE_TIME_MS or (latest is not None and update_time > latest)
+    if update_time < MIN_UPDATE_TIME_MS or too_late:
         return Rejected(RejectReason.UPDATE_TIME_OUT_OF_RANGE, text, False)
     return ClickEvent(**{name: document[name] for name in REQUIRED_FIELDS})
 
@@ -193,7 +196,7 @@ def valid_event_values(payload: bytes | None, record_time_ms: int | None) -> tup
         and type(update) is int
         and _INT32_LOW <= webpage <= _INT32_HIGH
         and _INT32_LOW <= expend <= _INT32_HIGH
-        and MIN_UPDATE_TIME_MS <= update
+        and MIN_UPDATE_TIME_MS <= update <= MAX_UPDATE_TIME_MS
         and (record_time_ms is None or record_time_ms < 0 or update <= record_time_ms + MAX_FUTURE_MS)
     ):
         return (webpage, uid, product, cookie, expend, update)

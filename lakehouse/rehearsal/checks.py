@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from datetime import UTC
 from decimal import Decimal
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -54,15 +55,25 @@ def check_clicks(
         problems.append(f"facts: {len(missing)} sent record(s) missing, {len(extra)} not from the topic")
     if set(reject_offsets) != bad:
         problems.append(f"rejects hold {sorted(reject_offsets)} instead of the malformed {sorted(bad)}")
-    sent = Counter(_click_fields(json.loads(topic[key])) for key in expected_facts if key in topic)
-    landed = Counter(_click_fields(row) for row in facts)
+    sent = Counter(_sent_fields(json.loads(topic[key])) for key in expected_facts if key in topic)
+    landed = Counter(_landed_fields(row) for row in facts)
     if sent != landed:
         problems.append(f"fact fields differ from what was sent: {sum((sent - landed).values())} row(s)")
     return problems
 
 
-def _click_fields(row: dict) -> tuple:
-    return (str(row["uid"]), str(row["productId"]), str(row["cookieId"]), int(row["expendTime"]))
+def _sent_fields(event: dict) -> tuple:
+    return (event["webpageId"], event["uid"], event["productId"], event["cookieId"], event["expendTime"],
+            event["updateTime"])  # fmt: skip
+
+
+def _landed_fields(row: dict) -> tuple:
+    """A fact row as the ClickEvent it came from (eventTime is updateTime, in UTC)."""
+    event_time = row["eventTime"]
+    if event_time.tzinfo is None:
+        event_time = event_time.replace(tzinfo=UTC)
+    update_time = round(event_time.timestamp() * 1000)
+    return (row["webpageId"], row["uid"], row["productId"], row["cookieId"], row["expendTime"], update_time)
 
 
 def check_dimension(name: str, source: list[dict], lake: list[dict], columns: tuple[str, ...]) -> list[str]:

@@ -116,14 +116,17 @@ class Rehearsal:
             cluster.start()
             self.log(f"spark standalone: master {cluster.url}, worker {WORKER_CORES} cores / {WORKER_MEMORY}")
             problems = self._scenario(assembly, s3, node, stack, state, moto)
-        except (RehearsalFailed, StackError, AssemblyError, NodeError, ClusterError, OSError) as error:
+        except (RuntimeError, StackError, AssemblyError, NodeError, ClusterError, OSError) as error:
             self.log(f"REHEARSAL FAILED: {error}")
             return 1
         finally:
-            if cluster is not None:
-                cluster.stop()
-            moto.stop()
-            stack.down()
+            # Each stand-in goes even if another one fails to stop.
+            for stop in (cluster.stop if cluster is not None else None, moto.stop, stack.down):
+                try:
+                    if stop is not None:
+                        stop()
+                except Exception as error:  # noqa: BLE001 - reported; the others still stop
+                    self.log(f"cleanup: {type(error).__name__}: {error}")
         self._print_summary(time.monotonic() - began)
         for problem in problems:
             self.log(f"MISMATCH: {problem}")
@@ -285,10 +288,10 @@ class Rehearsal:
         log_dir = self.work_dir / "steps" / step.job
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log(f"step {step.name} ({step.source}): {_abridged(args)}")
-        process = subprocess.Popen(
-            args, cwd=log_dir, env=env, start_new_session=True,
-            stdout=(log_dir / "stdout").open("wb"), stderr=(log_dir / "stderr").open("wb"),
-        )  # fmt: skip
+        with (log_dir / "stdout").open("wb") as stdout, (log_dir / "stderr").open("wb") as stderr:
+            process = subprocess.Popen(
+                args, cwd=log_dir, env=env, start_new_session=True, stdout=stdout, stderr=stderr
+            )
         return step, process, time.monotonic()
 
     def _run_step(self, step: StepDefinition, env: dict[str, str], timeout: float = 600) -> None:
