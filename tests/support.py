@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lakehouse.local.settings import port_bindable
+
 REPO = Path(__file__).resolve().parent.parent
 LAKEHOUSE_BIN = str(Path(sys.prefix) / "bin" / "lakehouse")
 
@@ -35,18 +37,9 @@ def free_port_base(span: int) -> int:
     """A base port with `span` free ports after it, and after base + 10000 (SeaweedFS gRPC)."""
     for base in range(41000, 50000, 37):
         ports = [*range(base, base + span), *range(base + 10001, base + 10000 + span)]
-        if all(_bindable(p) for p in ports):
+        if all(port_bindable(p) for p in ports):
             return base
     raise RuntimeError("no free port block")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def private_stack_env(home: Path) -> dict[str, str]:

@@ -114,22 +114,25 @@ def load_or_create_secrets(settings: StackSettings) -> dict[str, str]:
     return values
 
 
+def port_bindable(port: int) -> bool:
+    """Whether a server could bind `port` on 127.0.0.1 right now."""
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
 def _bindable_block(span: int, grpc: bool = False) -> int:
     """A base port with `span` ports free after it (and SeaweedFS's gRPC ports, base + 10000 + i)."""
     import random
-    import socket
-
-    def bindable(port: int) -> bool:
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-                return True
-            except OSError:
-                return False
 
     for _ in range(200):
         base = random.randrange(20_000, 50_000 - span)
         ports = [*range(base, base + span), *(range(base + 10_001, base + 10_000 + span) if grpc else ())]
-        if all(bindable(p) for p in ports):
+        if all(port_bindable(p) for p in ports):
             return base
     raise RuntimeError("no free block of local ports")
