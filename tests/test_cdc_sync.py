@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import queue
 import random
 import signal
+import struct
 import subprocess
 import threading
 import time
@@ -916,3 +918,202 @@ def test_cdc_refuses_to_start_on_binlog_settings_it_cannot_follow(
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and named in errors[0] and "parameter group" in errors[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
+
+
+# ---- type parity: a row loaded by snapshot equals the same row arriving through the binlog -------
+
+# (column, MySQL type, two SQL literals, the two values the lake must hold for them). The expected
+# values are written out by hand from MySQL's documented semantics, not computed by the mapping.
+_F32 = struct.Struct("<f")
+
+
+def _float32(x: float) -> float:
+    return _F32.unpack(_F32.pack(x))[0]
+
+
+TYPE_CASES = [
+    ("c_tinyint", "TINYINT", "127", "-128", 127, -128),
+    ("c_utinyint", "TINYINT UNSIGNED", "255", "0", 255, 0),
+    ("c_smallint", "SMALLINT", "-32768", "32767", -32768, 32767),
+    ("c_usmallint", "SMALLINT UNSIGNED", "65535", "0", 65535, 0),
+    ("c_mediumint", "MEDIUMINT", "-8388608", "8388607", -8388608, 8388607),
+    ("c_umediumint", "MEDIUMINT UNSIGNED", "16777215", "0", 16777215, 0),
+    ("c_int", "INT", "-2147483648", "2147483647", -2147483648, 2147483647),
+    ("c_uint", "INT UNSIGNED", "4294967295", "0", 4294967295, 0),
+    ("c_bigint", "BIGINT", "-9223372036854775808", "9223372036854775807", -(2**63), 2**63 - 1),
+    ("c_ubigint", "BIGINT UNSIGNED", "18446744073709551615", "0", Decimal(2**64 - 1), Decimal(0)),
+    ("c_bool", "BOOL", "TRUE", "FALSE", 1, 0),
+    ("c_decimal", "DECIMAL(10,4)", "-999999.9999", "0.0001", Decimal("-999999.9999"), Decimal("0.0001")),
+    (
+        "c_decimal38",
+        "DECIMAL(38,10)",
+        "9999999999999999999999999999.9999999999",
+        "-0.0000000001",
+        Decimal("9999999999999999999999999999.9999999999"),
+        Decimal("-0.0000000001"),
+    ),
+    (  # wider than Iceberg's decimal(38): kept exactly as MySQL's own text
+        "c_decimal65",
+        "DECIMAL(65,30)",
+        "99999999999999999999999999999999999.999999999999999999999999999999",
+        "-0.000000000000000000000000000001",
+        "99999999999999999999999999999999999.999999999999999999999999999999",
+        "-0.000000000000000000000000000001",
+    ),
+    ("c_float", "FLOAT", "123456.789", "-0.1", _float32(123456.789), _float32(-0.1)),
+    (
+        "c_double",
+        "DOUBLE",
+        "1.7976931348623157E308",
+        "0.30000000000000004E0",
+        1.7976931348623157e308,
+        0.30000000000000004,
+    ),
+    ("c_bit1", "BIT(1)", "b'1'", "b'0'", b"\x01", b"\x00"),
+    ("c_bit10", "BIT(10)", "b'1000000001'", "b'0'", b"\x02\x01", b"\x00\x00"),
+    ("c_bit64", "BIT(64)", "b'" + "1" * 64 + "'", "b'1'", b"\xff" * 8, b"\x00" * 7 + b"\x01"),
+    ("c_char", "CHAR(4)", "'ab  '", "''", "ab", ""),  # CHAR drops trailing spaces on read
+    (
+        "c_varchar",
+        "VARCHAR(32)",
+        "'tail  '",
+        "'\U0001f600 \u00fc\u4e2d'",
+        "tail  ",
+        "\U0001f600 \u00fc\u4e2d",
+    ),
+    ("c_text", "TEXT", "'line\\nbreak \"q\" \u2603'", "''", 'line\nbreak "q" \u2603', ""),
+    ("c_longtext", "LONGTEXT", "REPEAT('\u00e9', 70000)", "'x'", "\u00e9" * 70000, "x"),
+    ("c_enum", "ENUM('b','a','c')", "'c'", "'b'", "c", "b"),
+    ("c_set", "SET('b','a','c')", "'a,c,b'", "''", "b,a,c", ""),  # definition order; empty is not NULL
+    (
+        "c_json",
+        "JSON",
+        """'{"k": "\u00fc\U0001f600", "n": [1, 2.5, null, true]}'""",
+        "'[]'",
+        '{"k": "\u00fc\U0001f600", "n": [1, 2.5, null, true]}',
+        "[]",
+    ),
+    ("c_date", "DATE", "'9999-12-31'", "'0000-00-00'", dt.date(9999, 12, 31), None),
+    ("c_date_old", "DATE", "'1000-01-01'", "'1582-10-04'", dt.date(1000, 1, 1), dt.date(1582, 10, 4)),
+    (
+        "c_datetime",
+        "DATETIME(6)",
+        "'9999-12-31 23:59:59.999999'",
+        "'0000-00-00 00:00:00'",
+        dt.datetime(9999, 12, 31, 23, 59, 59, 999999),
+        None,
+    ),
+    (
+        "c_datetime0",
+        "DATETIME",
+        "'1000-01-01 00:00:00'",
+        "'2024-02-29 12:00:01'",
+        dt.datetime(1000, 1, 1),
+        dt.datetime(2024, 2, 29, 12, 0, 1),
+    ),
+    (  # the zero TIMESTAMP is no instant: NULL, not 1970-01-01
+        "c_ts",
+        "TIMESTAMP(3) NULL DEFAULT NULL",
+        "'2038-01-19 03:14:07.999'",
+        "'0000-00-00 00:00:00'",
+        dt.datetime(2038, 1, 19, 3, 14, 7, 999000),
+        None,
+    ),
+    (
+        "c_ts_min",
+        "TIMESTAMP(6) NULL DEFAULT NULL",
+        "'1970-01-01 00:00:01.000001'",
+        "'2000-01-01 00:00:00'",
+        dt.datetime(1970, 1, 1, 0, 0, 1, 1),
+        dt.datetime(2000, 1, 1),
+    ),
+    ("c_time", "TIME(3)", "'838:59:59.000'", "'-00:00:01.500'", "838:59:59.000", "-00:00:01.500"),
+    ("c_time0", "TIME", "'-838:59:59'", "'00:00:00'", "-838:59:59", "00:00:00"),
+    ("c_year", "YEAR", "2155", "0", 2155, 0),
+    ("c_year_min", "YEAR", "1901", "2000", 1901, 2000),
+    ("c_binary", "BINARY(4)", "x'0100'", "x''", b"\x01\x00\x00\x00", b"\x00" * 4),  # padded, as stored
+    ("c_varbinary", "VARBINARY(8)", "x'00ff00'", "x''", b"\x00\xff\x00", b""),
+    ("c_tinyblob", "TINYBLOB", "x'ff'", "x''", b"\xff", b""),
+    ("c_blob", "BLOB", "x'deadbeef00'", "x'00'", b"\xde\xad\xbe\xef\x00", b"\x00"),
+    ("c_mediumblob", "MEDIUMBLOB", "REPEAT(x'fe', 70000)", "x''", b"\xfe" * 70000, b""),
+    ("c_longblob", "LONGBLOB", "x'80'", "x''", b"\x80", b""),
+]
+
+
+def test_snapshot_and_binlog_store_every_type_alike_and_as_the_source_holds_it(
+    spark, app_conn, make_sync
+) -> None:
+    name = "cdc_test_types"
+    columns = ", ".join(f"`{c}` {kind}" for c, kind, *_ in TYPE_CASES)
+    with app_conn.cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS {name}")
+        cur.execute(f"CREATE TABLE {name} (id INT PRIMARY KEY, {columns}) DEFAULT CHARSET=utf8mb4")
+    spark.sql(f"DROP TABLE IF EXISTS lakehouse.dim_db.{name}")
+    names = ", ".join(f"`{c}`" for c, *_ in TYPE_CASES)
+
+    def insert(first_id: int) -> None:
+        """Three rows: the first literals, the second literals, and all NULL."""
+        with app_conn.cursor() as cur:
+            cur.execute("SET SESSION sql_mode = ''")  # zero dates are what some sources hold
+            for offset, pick in ((0, 2), (1, 3)):
+                values = ", ".join(case[pick] for case in TYPE_CASES)
+                cur.execute(f"INSERT INTO {name} (id, {names}) VALUES ({first_id + offset}, {values})")
+                cur.execute("SHOW WARNINGS")
+                assert not cur.fetchall(), f"row {first_id + offset} did not go in as written"
+            cur.execute(f"INSERT INTO {name} (id) VALUES ({first_id + 2})")
+        app_conn.commit()
+
+    insert(1)  # loaded by the snapshot
+    sync = make_sync(f"user_db.{name}=dim_db.{name}")
+    insert(101)  # arrives through the binlog
+    assert catch_up(sync) == 3
+    assert not sync.errors
+
+    lake = {
+        row["id"]: {k: bytes(v) if isinstance(v, bytearray) else v for k, v in row.asDict().items()}
+        for row in spark.table(f"lakehouse.dim_db.{name}").collect()
+    }
+    assert sorted(lake) == [1, 2, 3, 101, 102, 103]
+    differences = []
+    for column, kind, _, _, first, second in TYPE_CASES:
+        for row_id, expected in ((1, first), (2, second), (3, None)):
+            snapshot_value, binlog_value = lake[row_id][column], lake[row_id + 100][column]
+            if not (snapshot_value == binlog_value == expected and type(snapshot_value) is type(expected)):
+                shown = [repr(v)[:60] for v in (expected, snapshot_value, binlog_value)]
+                differences.append(
+                    f"{column} {kind} row {row_id}: source {shown[0]}, snapshot {shown[1]}, binlog {shown[2]}"
+                )
+    assert not differences, "\n".join(differences)
+
+
+def test_an_event_the_reader_cannot_decode_stops_the_sync_instead_of_retrying_forever(
+    spark, app_conn, make_sync, monkeypatch
+) -> None:
+    from jobs.cdc import binlog_reader
+
+    name = "cdc_test_undecodable"
+    pair = fresh_test_table(spark, app_conn, name)
+    decode = binlog_reader.selected_row
+
+    def failing_decode(row: dict, columns: list) -> dict:
+        if row.get("values", {}).get("note") == "poison":
+            raise ValueError("injected: cannot decode this row")
+        return decode(row, columns)
+
+    monkeypatch.setattr(binlog_reader, "selected_row", failing_decode)
+    sync = make_sync(pair)
+    with app_conn.cursor() as cur:
+        cur.execute(f"INSERT INTO {name} (id, name) VALUES ('fine', 'a')")
+        app_conn.commit()
+        cur.execute(f"INSERT INTO {name} (id, name, note) VALUES ('bad', 'b', 'poison')")
+    app_conn.commit()
+    deadline = time.monotonic() + 60
+    while not sync.errors and time.monotonic() < deadline:
+        sync.run_batch()
+        time.sleep(0.1)
+    assert len(sync.errors) == 1, "an undecodable event must stop the sync, not be retried forever"
+    assert "failed 3 times in a row" in sync.errors[0] and "injected" in sync.errors[0]
+    assert sync.reader.reconnects == 2
+    # Nothing skipped: the stored position is before the event, the earlier row is in the lake.
+    lake = [r.id for r in spark.table(f"lakehouse.dim_db.{name}").collect()]
+    assert lake == ["fine"]

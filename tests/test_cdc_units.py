@@ -48,7 +48,10 @@ def test_values_convert_for_spark() -> None:
     naive = dt.datetime(2024, 1, 2, 3, 4, 5)
     assert to_spark_value(naive, "timestamp") == naive.replace(tzinfo=dt.UTC)
     assert to_spark_value(8.1, "decimal(10,4)") == Decimal("8.1")
-    assert to_spark_value({"a": 1}, "string") == '{"a": 1}'
+    assert (
+        to_spark_value(Decimal("-1E-30"), "string") == "-0.000000000000000000000000000001"
+    )  # DECIMAL(65,30)
+    assert to_spark_value("0000-00-00", "date") is None  # the zero date, as PyMySQL hands it over
     assert to_spark_value(None, "int") is None
 
 
@@ -130,34 +133,38 @@ def test_positions_order_across_files() -> None:
 
 
 ARROW_CASES = [
-    # (Iceberg type, binlog/driver values): what Arrow converts as is, and what needs to_spark_value
-    ("int", [1, None, -7]),
-    ("bigint", [2**40, None]),
-    ("decimal(10,4)", [Decimal("8.1000"), Decimal("11.1100"), None, 8.1]),
-    ("decimal(20,0)", [Decimal(2**64 - 1), None]),
-    ("string", ["a", None, "ü"]),
-    ("string", [{"a": 1}, None]),  # JSON
-    ("string", [frozenset({"b", "a"}), "x"]),  # SET
-    ("string", [dt.timedelta(hours=-1, minutes=-2), dt.timedelta(hours=30)]),  # TIME
-    ("string", [b"bytes as text", None]),
-    ("timestamp", [dt.datetime(2026, 11, 23, 12, 0, 1), None]),
-    ("date", [dt.date(2026, 11, 23), None]),
-    ("double", [1.5, None, 2]),
-    ("boolean", [True, False, None]),
-    ("binary", [b"\x00\x01", 5, None]),  # BIT(n) arrives as an int
+    # (Iceberg type, values as a SELECT gives them, what Spark must be given): what Arrow converts as
+    # is, and what goes value by value. The expected values are written out, not computed.
+    ("int", [1, None, -7], [1, None, -7]),
+    ("bigint", [2**40, None], [2**40, None]),
+    ("decimal(10,4)", [Decimal("8.1000"), None, 8.1], [Decimal("8.1000"), None, Decimal("8.1000")]),
+    ("decimal(20,0)", [Decimal(2**64 - 1), None], [Decimal(2**64 - 1), None]),
+    ("string", ["a", None, "\u00fc\U0001f600"], ["a", None, "\u00fc\U0001f600"]),
+    ("string", [Decimal("1E-30"), Decimal("12.50")], ["0.000000000000000000000000000001", "12.50"]),
+    ("string", [b"bytes as text", None], ["bytes as text", None]),
+    (
+        "timestamp",
+        [dt.datetime(2026, 11, 23, 12, 0, 1), None, "0000-00-00 00:00:00"],
+        [dt.datetime(2026, 11, 23, 12, 0, 1, tzinfo=dt.UTC), None, None],
+    ),
+    ("date", [dt.date(2026, 11, 23), None, "0000-00-00"], [dt.date(2026, 11, 23), None, None]),
+    ("double", [1.5, None, 2], [1.5, None, 2.0]),
+    ("boolean", [True, False, None], [True, False, None]),
+    ("binary", [b"\x00\x01", None, bytearray(b"\xff")], [b"\x00\x01", None, b"\xff"]),
 ]
 
 
-@pytest.mark.parametrize(("kind", "values"), ARROW_CASES)
-def test_arrow_change_columns_hold_what_spark_would_be_given(kind: str, values: list) -> None:
+@pytest.mark.parametrize(("kind", "values", "expected"), ARROW_CASES)
+def test_arrow_change_columns_hold_what_spark_would_be_given(kind: str, values: list, expected: list) -> None:
     from jobs.cdc.apply_changes import OP_COLUMN, change_table
     from jobs.cdc.change_batch import UPSERT, RowChange
 
     changes = [RowChange(UPSERT, (i,), {"c": value}) for i, value in enumerate(values)]
     table = change_table([("c", kind)], changes)
     assert table.column_names == ["c", OP_COLUMN]
-    expected = [to_spark_value(value, kind) for value in values]
-    assert table.column("c").to_pylist() == expected
+    got = table.column("c").to_pylist()
+    assert got == expected
+    assert [type(v) for v in got] == [type(v) for v in expected]
     assert table.column(OP_COLUMN).to_pylist() == [UPSERT] * len(values)
 
 
@@ -288,3 +295,78 @@ def test_an_added_column_that_fills_existing_rows_is_recognised(column: str, fil
         ddl = classify(statement)
         assert ddl is not None and not ddl.unsupported, statement
         assert ddl.fills_existing_rows is fills, statement
+
+
+# ---- binlog values as a SELECT gives them (the MySQL-only paths the local MariaDB cannot write) ---
+
+
+def _column(name: str, kind: int, **extra):
+    from pymysqlreplication.column import Column
+
+    return Column(name=name, type=kind, character_set_name=extra.pop("charset", None), **extra)
+
+
+def test_binlog_values_take_the_form_a_select_gives() -> None:
+    from pymysqlreplication.constants import FIELD_TYPE, NONE_SOURCE
+
+    from jobs.cdc.binlog_values import selected_row
+
+    columns = [
+        _column("bits", FIELD_TYPE.BIT, bits=10),
+        _column("tags", FIELD_TYPE.SET, set_values=["b", "a", "c"]),
+        _column("none", FIELD_TYPE.SET, set_values=["x"]),
+        _column("null_set", FIELD_TYPE.SET, set_values=["x"]),
+        _column("ts", FIELD_TYPE.TIMESTAMP2, fsp=0),
+        _column("year", FIELD_TYPE.YEAR),
+        _column("fixed", FIELD_TYPE.STRING, max_length=4, charset="binary"),
+        _column("empty", FIELD_TYPE.VARCHAR, max_length=4, charset="binary"),
+        _column("span", FIELD_TYPE.TIME2, fsp=2),
+        _column("doc", FIELD_TYPE.JSON),
+    ]
+    row = {
+        "values": {
+            "bits": "1000000001",
+            "tags": {"c", "a"},
+            "none": None,
+            "null_set": None,
+            "ts": dt.datetime(1970, 1, 1),
+            "year": 1900,
+            "fixed": b"\x01",
+            "empty": "",
+            "span": -dt.timedelta(hours=100, seconds=1, microseconds=500_000),
+            "doc": {b"k": "\u00fc", b"n": [1, 2.5, None, True, 1e300, 3.0, 'a"b\n']},
+        },
+        "none_sources": {"none": NONE_SOURCE.EMPTY_SET, "null_set": NONE_SOURCE.NULL},
+    }
+    assert selected_row(row, columns)["values"] == {
+        "bits": b"\x02\x01",
+        "tags": "a,c",  # definition order would be b,a,c: a before c
+        "none": "",
+        "null_set": None,
+        "ts": None,
+        "year": 0,
+        "fixed": b"\x01\x00\x00\x00",
+        "empty": b"",
+        "span": "-100:00:01.50",
+        "doc": '{"k": "\u00fc", "n": [1, 2.5, null, true, 1e300, 3.0, "a\\"b\\n"]}',
+    }
+    # An update's two images are both converted; a real 1970 TIMESTAMP second is kept.
+    update = {
+        "before_values": {"ts": dt.datetime(1970, 1, 1, 0, 0, 1)},
+        "after_values": {"ts": dt.datetime(1970, 1, 1)},
+        "before_none_sources": {},
+        "after_none_sources": {},
+    }
+    converted = selected_row(update, columns)
+    assert converted["before_values"] == {"ts": dt.datetime(1970, 1, 1, 0, 0, 1)}
+    assert converted["after_values"] == {"ts": None}
+
+
+def test_set_members_follow_the_definition_order() -> None:
+    from pymysqlreplication.constants import FIELD_TYPE
+
+    from jobs.cdc.binlog_values import selected_row
+
+    column = _column("tags", FIELD_TYPE.SET, set_values=["z", "a", "m"])
+    row = {"values": {"tags": {"a", "m", "z"}}, "none_sources": {}}
+    assert selected_row(row, [column])["values"]["tags"] == "z,a,m"

@@ -17,6 +17,7 @@ import json
 import logging
 import queue
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from pymysqlreplication.event import (
 from pymysqlreplication.gtid import Gtid, GtidSet
 from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
+from jobs.cdc.binlog_values import selected_row
 from jobs.cdc.change_batch import RowChange, row_changes
 from jobs.cdc.ddl import DdlChange, classify
 from jobs.cdc.source_db import binlog_setting_problems
@@ -116,6 +118,11 @@ class DdlEvent:
 
 class BinlogGone(RuntimeError):
     """The stored position is no longer in the server's binlog (purged)."""
+
+
+# What a lost or refused connection raises (the socket, the driver, a packet cut short).
+CONNECTION_ERRORS = (pymysql.err.Error, OSError, EOFError, struct.error)
+UNDECODABLE_TRIES = 3
 
 
 class UnreadableBinlog(RuntimeError):
@@ -221,6 +228,7 @@ class BinlogReader:
 
     def _run(self) -> None:
         backoff = 0.5
+        undecodable = 0  # failures in a row that no connection problem explains
         while not self._stop.is_set():
             try:
                 self._check_settings()  # at every (re)connect: they may have changed meanwhile
@@ -237,6 +245,17 @@ class BinlogReader:
                 if isinstance(exc, pymysql.err.OperationalError) and exc.args[0] == BINLOG_GONE_CODE:
                     self.fatal = BinlogGone(str(exc.args[1] if len(exc.args) > 1 else exc))
                     break
+                if not isinstance(exc, CONNECTION_ERRORS):
+                    # Reading again from the same position meets the same event: after a few tries
+                    # this is an event the reader cannot decode, not a connection to wait out.
+                    undecodable += 1
+                    if undecodable >= UNDECODABLE_TRIES:
+                        self.fatal = UnreadableBinlog(
+                            f"the event after {self.position} failed {undecodable} times in a row "
+                            f"({type(exc).__name__}: {exc})"
+                        )
+                        log.error("binlog reader stopped: %s", self.fatal)
+                        break
                 self.reconnects += 1
                 self.connection_error = (time.monotonic(), f"{type(exc).__name__}: {exc}")
                 log.warning(
@@ -249,7 +268,7 @@ class BinlogReader:
                 self._stop.wait(backoff)
                 backoff = min(self._max_backoff, backoff * 2)
             else:
-                backoff = 0.5
+                backoff, undecodable = 0.5, 0
             finally:
                 if self._stream is not None:
                     try:
@@ -295,9 +314,8 @@ class BinlogReader:
             if kind is not None:
                 key = self._tables.get((event.schema, event.table))
                 if key is not None:
-                    pending.setdefault((event.schema, event.table), []).extend(
-                        row_changes(kind, event.rows, key)
-                    )
+                    rows = [selected_row(row, event.columns) for row in event.rows]
+                    pending.setdefault((event.schema, event.table), []).extend(row_changes(kind, rows, key))
                 continue
             if isinstance(event, MariadbGtidEvent):
                 # FL_STANDALONE: a single statement (DDL) with no terminating XID/COMMIT follows.

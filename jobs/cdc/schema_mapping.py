@@ -7,7 +7,6 @@ BIGINT -> bigint, unsigned types widen so every source value fits.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 from dataclasses import dataclass
 from decimal import Decimal
@@ -60,7 +59,7 @@ def iceberg_type(column_type: str) -> str:
         parts = [int(p) for p in (args or "10,0").split(",")]
         precision, scale = parts[0], parts[1] if len(parts) > 1 else 0
         if precision > 38:
-            raise UnsupportedType(f"{column_type}: Iceberg decimals hold at most 38 digits")
+            return "string"  # Iceberg decimals hold 38 digits: keep MySQL's exact text instead
         return f"decimal({precision},{scale})"
     if base in _INT_TYPES:
         return "bigint" if unsigned and base in ("int", "integer") else "int"
@@ -104,15 +103,8 @@ def to_spark_value(value: object, spark_type: str) -> object:
             return value
         if isinstance(value, bytes):
             return value.decode("utf-8", errors="replace")
-        if isinstance(value, (set, frozenset)):
-            return ",".join(sorted(value))
-        if isinstance(value, (dict, list)):
-            return json.dumps(value, default=str)
-        if isinstance(value, dt.timedelta):
-            total = int(value.total_seconds())
-            sign = "-" if total < 0 else ""
-            total = abs(total)
-            return f"{sign}{total // 3600:02d}:{total % 3600 // 60:02d}:{total % 60:02d}"
+        if isinstance(value, Decimal):  # DECIMAL wider than 38 digits, as MySQL writes it
+            return format(value, "f")
         return str(value)
     if spark_type.startswith("decimal"):
         return value if isinstance(value, Decimal) else Decimal(str(value))
@@ -120,10 +112,11 @@ def to_spark_value(value: object, spark_type: str) -> object:
         return int(value)
     if spark_type in ("float", "double"):
         return float(value)
+    if spark_type == "date":
+        # A zero date ('0000-00-00', which PyMySQL hands over as text) is no day: NULL.
+        return value if isinstance(value, dt.date) else None
     if spark_type == "boolean":
         return bool(value)
     if spark_type == "binary":
-        if isinstance(value, int):  # BIT(n)
-            return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
         return bytes(value) if not isinstance(value, str) else value.encode()
     return value

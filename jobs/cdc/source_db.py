@@ -247,9 +247,23 @@ def _try_global_read_lock(cur) -> bool:
         return False
 
 
+def select_expression(column: SourceColumn) -> str:
+    """How the snapshot selects `column` so it reads as the binlog decodes it (`binlog_values`).
+    FLOAT: as DOUBLE, since the text protocol prints a FLOAT with 6 digits (123456.789 -> 123457)
+    while the binlog holds its exact value. TIME: as MySQL's text, with the column's fractional
+    digits (the driver's timedelta has no precision)."""
+    quoted = "`" + column.name.replace("`", "``") + "`"
+    base = column.column_type.strip().lower().split("(")[0].split()[0]
+    if base == "float":
+        return f"CAST({quoted} AS DOUBLE)"
+    if base == "time":
+        return f"CAST({quoted} AS CHAR)"
+    return quoted
+
+
 def read_rows(conn: pymysql.Connection, table: SourceTable, fetch: int = 5000) -> Iterator[tuple]:
     """All rows of `table` in column order, streamed (unbuffered cursor)."""
-    cols = ", ".join(f"`{c.name}`" for c in table.columns)
+    cols = ", ".join(select_expression(c) for c in table.columns)
     with conn.cursor(pymysql.cursors.SSCursor) as cur:
         cur.execute(f"SELECT {cols} FROM `{table.schema}`.`{table.name}`")
         while True:
