@@ -370,3 +370,32 @@ def test_set_members_follow_the_definition_order() -> None:
     column = _column("tags", FIELD_TYPE.SET, set_values=["z", "a", "m"])
     row = {"values": {"tags": {"a", "m", "z"}}, "none_sources": {}}
     assert selected_row(row, [column])["values"]["tags"] == "z,a,m"
+
+
+@pytest.mark.parametrize(
+    ("event_type", "says"),
+    [(26, "incident"), (40, "Transaction_payload_event"), (166, "log_bin_compress=OFF")],
+)
+def test_events_that_may_hide_changes_stop_the_reader_before_them(event_type: int, says: str) -> None:
+    from pymysqlreplication.event import NotImplementedEvent
+
+    from jobs.cdc.binlog_reader import BinlogReader, UnreadableBinlog
+
+    event = NotImplementedEvent.__new__(NotImplementedEvent)
+    event.event_type = event_type
+    start = BinlogPosition("mysql-bin.000003", 900)
+    reader = BinlogReader({}, 1, start, {("user_db", "products"): ("id",)})
+    with pytest.raises(UnreadableBinlog, match=says) as raised:
+        reader._read(_Events("mysql-bin.000003", 1200, [event]))
+    assert "mysql-bin.000003:1200" in str(raised.value)
+    assert reader.position == start and reader.items.empty()
+
+
+class _Events:
+    """A stream stand-in: the events, and the position the library reports."""
+
+    def __init__(self, log_file: str, log_pos: int, events: list) -> None:
+        self.log_file, self.log_pos, self._events = log_file, log_pos, events
+
+    def __iter__(self):
+        return iter(self._events)

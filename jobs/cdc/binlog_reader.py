@@ -60,6 +60,9 @@ COMPRESSION_FIX = (
     "group, and no session enables it; MariaDB: log_bin_compress=OFF)"
 )
 
+INCIDENT_EVENT = 26  # e.g. LOST_EVENTS: a change the server could not write to the binlog
+INCIDENT_FIX = "re-snapshot the synced tables (`lakehouse run cdc --resync <schema.table>`)"
+
 
 @dataclass(frozen=True)
 class BinlogPosition:
@@ -303,11 +306,16 @@ class BinlogReader:
             if self._stop.is_set():
                 return
             if isinstance(event, NotImplementedEvent):
+                # Never skipped: the position stays before this transaction.
                 if event.event_type in COMPRESSED_EVENTS:
-                    # Never skipped: the position stays before this transaction.
                     raise UnreadableBinlog(
                         f"{COMPRESSED_EVENTS[event.event_type]} at {stream.log_file}:{stream.log_pos}, "
                         f"which the binlog reader cannot decode: {COMPRESSION_FIX}"
+                    )
+                if event.event_type == INCIDENT_EVENT:
+                    raise UnreadableBinlog(
+                        f"the server logged an incident at {stream.log_file}:{stream.log_pos} (changes "
+                        f"may be missing from the binlog; a replica would stop here): {INCIDENT_FIX}"
                     )
                 continue
             kind = _ROW_KIND.get(type(event))
