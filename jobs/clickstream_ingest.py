@@ -60,7 +60,7 @@ from jobs.clickstream.validation import (
     to_rejects,
     valid_click_events,
 )
-from jobs.common.fault_injection import crash_point
+from jobs.common.fault_injection import crash_point, rendezvous
 from jobs.common.job_args import (
     JobArgumentParser,
     add_environment_args,
@@ -333,6 +333,7 @@ class ClickstreamIngest:
     def _commit(self, fetched: DataFrame, partitions: list[int], result: BatchResult) -> None:
         """Append the batch to each table it reads past the start of; a table's offsets never go back
         (a restart reads from the lower of the two tables' offsets, so a batch may end below one)."""
+        rendezvous("ingest.before-commit")
         fact_starts, reject_starts, _ = self._starts(partitions)
         ingested_at = F.current_timestamp()
         began = time.monotonic()

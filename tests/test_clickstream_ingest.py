@@ -150,13 +150,19 @@ def test_exactly_once_when_the_job_is_killed_mid_stream(lake_config, catalog):
     )
     producer.start()
     small_batches = ("--max-records-per-partition", "400", "--trigger-seconds", "0.2")
+    commits = 0
     for kill_after in (14, 12, 13):
         job = case.start_job(*small_batches)
         seen: list[str] = []
-        wait_for_line(job, "batch 1:", 120, seen)
+        wait_for_line(job, "committed=fact", 120, seen)  # a batch of this run reached the lake
         time.sleep(kill_after - 10)
+        assert job.poll() is None, "".join(seen)[-3000:]  # killed mid-stream, not after it ended
         job.kill()  # SIGKILL: no chance to finish the batch
-        job.wait(30)
+        assert job.wait(30) == -signal.SIGKILL
+        # Each run committed something before it died: the restarts resume from stored offsets.
+        now = len(catalog.load_table(case.fact).snapshots())
+        assert now > commits
+        commits = now
     producer.join(120)
     final = case.start_job("--until-idle", "--idle-seconds", "2")
     _, stderr = final.communicate(timeout=240)
@@ -165,32 +171,44 @@ def test_exactly_once_when_the_job_is_killed_mid_stream(lake_config, catalog):
     assert_exactly_once(case, catalog, produced)
 
 
-def test_sigterm_finishes_and_commits_the_current_batch(lake_config, catalog):
+def test_sigterm_finishes_and_commits_the_current_batch(lake_config, catalog, tmp_path):
+    """SIGTERM arrives while the first batch is fetched and not yet committed (a test hook holds the
+    job there); the job must commit that batch, rejects included, and stop with exit 0."""
     from jobs.clickstream.schema import OFFSETS_KEY, offsets_from_summary
 
     case = Case(lake_config, "sigterm")
     produced = case.produce_generated(6000, seed=8, bad_ratio=0.05)
-    job = case.start_job("--max-records-per-partition", "500", "--trigger-seconds", "0.5")
-    seen: list[str] = []
-    wait_for_line(job, "batch 1:", 120, seen)
+    cap = 500
+    meeting = tmp_path / "before-commit"
+    meeting.mkdir()
+    job = case.start_job(
+        "--max-records-per-partition",
+        str(cap),
+        "--trigger-seconds",
+        "0.5",
+        env={"LAKEHOUSE_RENDEZVOUS": f"ingest.before-commit:{meeting}:2"},
+    )
+    deadline = time.monotonic() + 120
+    while not any(meeting.iterdir()):  # the job holds its first batch, about to commit it
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-3000:]
+        time.sleep(0.1)
     job.send_signal(signal.SIGTERM)
-    _, rest = job.communicate(timeout=60)
-    seen.append(rest)
-    assert job.returncode == 0, "".join(seen)[-3000:]
-    batch_lines = [line for line in "".join(seen).splitlines() if " batch " in line and "offsets=" in line]
-    last: dict[int, int] = {}  # each batch logs the end offsets of the partitions it read
-    for line in batch_lines:
-        for p, o in json.loads(line.split("offsets=")[1].split(" commit_ms")[0]).items():
-            last[int(p)] = max(last.get(int(p), 0), o)
+    time.sleep(1)
+    (meeting / "release").touch()
+    _, stderr = job.communicate(timeout=120)
+    assert job.returncode == 0, stderr[-3000:]
 
-    # Both tables store exactly the last batch's end (the rejects table in the clean stop's commit)
-    # and hold exactly the records below it, each once.
+    # The in-flight batch is the first `cap` records of each partition, from the producer's own
+    # acknowledgements: both tables store its end and hold exactly the records below it, each once.
+    per_partition = {p: sum(1 for q, *_ in produced if q == p) for p in {p for p, *_ in produced}}
+    end = {p: min(cap, n) for p, n in per_partition.items()}
     for table in (case.fact, case.rejects):
         summary = catalog.load_table(table).current_snapshot().summary
-        assert offsets_from_summary(summary[OFFSETS_KEY], case.topic) == last
-    below = [(p, o, kind) for p, o, kind in produced if o < last.get(p, 0)]
+        assert offsets_from_summary(summary[OFFSETS_KEY], case.topic) == end
+    below = [(p, o, kind) for p, o, kind in produced if o < end[p]]
     assert keys(case.rows(case.fact, catalog)) == sorted((p, o) for p, o, kind in below if kind == VALID)
     assert keys(case.rows(case.rejects, catalog)) == sorted((p, o) for p, o, kind in below if kind != VALID)
+    assert len(catalog.load_table(case.fact).snapshots()) == 1  # one batch, committed once
 
 
 def test_broker_stopped_and_restarted_mid_run_loses_nothing(local_stack, lake_config, catalog):

@@ -32,9 +32,12 @@ def test_restart_before_the_rejects_table_ever_committed_duplicates_nothing(spar
     dies after its third batch; the restart reads from the rejects table's (older) offsets."""
     case = Case(lake_config, "restart_lagging_rejects")
     delivered = case.produce_generated(6000, seed=31, bad_ratio=0.0)
-    first = case.new_ingest(spark, max_records_per_partition=200)
+    first = case.new_ingest(spark, max_records_per_partition=200, rejects_commit_seconds=3600)
     for _ in range(3):
         assert first.run_batch() > 0
+    # The scenario's precondition: the facts committed three times, the rejects never.
+    assert len(catalog.load_table(case.fact).snapshots()) == 3
+    assert catalog.load_table(case.rejects).snapshots() == []
     # Killed here: no finish(), so nothing more reaches either table.
     case.ingest_in_process(spark, cap=200)
 
@@ -155,15 +158,19 @@ def test_killed_between_the_fact_and_rejects_commits_lands_every_record_once(lak
     assert_exactly_once(case, catalog, delivered)
 
 
-def test_two_jobs_started_at_once_land_every_click_once(lake_config, catalog):
+def test_two_jobs_started_at_once_land_every_click_once(lake_config, catalog, tmp_path):
+    """Both jobs read the same first batch and reach its commit together (a test hook holds each
+    until the other is there), so the race happens every run: one commits, the other stops."""
     case = Case(lake_config, "two_jobs")
     delivered = case.produce_generated(20_000, seed=36, bad_ratio=0.05)
-    jobs = [case.start_job("--until-idle", "--idle-seconds", "2") for _ in range(2)]
-    outcomes = [(job.wait(300), job.communicate()[1]) for job in jobs]
+    meeting = tmp_path / "before-commit"
+    meeting.mkdir()
+    race = {"LAKEHOUSE_RENDEZVOUS": f"ingest.before-commit:{meeting}:2"}
+    jobs = [case.start_job("--until-idle", "--idle-seconds", "2", env=race) for _ in range(2)]
+    outcomes = sorted((job.wait(300), job.communicate()[1]) for job in jobs)
 
+    assert len(list(meeting.iterdir())) == 2, "the two jobs never met before their first commit"
+    (won, _), (lost, stderr) = outcomes
+    assert (won, lost) == (0, CONCURRENT_WRITER_EXIT), stderr[-3000:]
+    assert "another ingest committed to" in stderr, stderr[-3000:]
     assert_exactly_once(case, catalog, delivered)
-    for code, stderr in outcomes:
-        # The one that loses the race (if they overlapped) stops with one clear line and exit 3.
-        if code != 0:
-            assert "another ingest committed to" in stderr, stderr[-3000:]
-            assert code == CONCURRENT_WRITER_EXIT

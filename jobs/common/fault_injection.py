@@ -1,16 +1,25 @@
-"""Test hook: kill the job (SIGKILL) at a named point, to test recovery at commit boundaries.
+"""Test hooks at named points of a job, to test recovery and races at commit boundaries.
 
-`LAKEHOUSE_CRASH_AT=ingest.between-commits:3` kills the process the 3rd time it passes that
-point. Unset, as everywhere but in tests, a pass costs one environment lookup.
+- `LAKEHOUSE_CRASH_AT=ingest.between-commits:3` kills the process (SIGKILL) the 3rd time it passes
+  that point.
+- `LAKEHOUSE_RENDEZVOUS=ingest.before-commit:/dir:2` makes each process that reaches that point
+  (the first time) leave a file in /dir and wait until 2 processes are there (2 min at most), so two
+  jobs race for the same commit for certain, not by luck of timing.
+
+Unset, as everywhere but in tests, a pass costs one environment lookup.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from collections import Counter
+from pathlib import Path
 
 ENV_VAR = "LAKEHOUSE_CRASH_AT"
+RENDEZVOUS_ENV_VAR = "LAKEHOUSE_RENDEZVOUS"
+RENDEZVOUS_TIMEOUT_SECONDS = 120.0
 _passes: Counter[str] = Counter()
 
 
@@ -24,3 +33,18 @@ def crash_point(name: str) -> None:
     _passes[name] += 1
     if _passes[name] >= int(nth or 1):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def rendezvous(name: str) -> None:
+    wanted = os.environ.get(RENDEZVOUS_ENV_VAR)
+    if not wanted:
+        return
+    point, directory, count = wanted.split(":")
+    if point != name or _passes[f"rendezvous:{name}"]:
+        return
+    _passes[f"rendezvous:{name}"] += 1
+    meeting = Path(directory)
+    (meeting / str(os.getpid())).touch()
+    deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_SECONDS
+    while len(list(meeting.iterdir())) < int(count) and time.monotonic() < deadline:
+        time.sleep(0.05)
