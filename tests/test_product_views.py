@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 import uuid
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -189,24 +190,39 @@ def test_a_second_views_job_on_the_same_table_aborts_and_counts_nothing_twice(sp
     assert views_rows(spark, names["views"]) == source_statistic(spark, names["clicks"])
 
 
+def views_commits(spark, views: str) -> int:
+    if not spark.catalog.tableExists(views):
+        return 0
+    spark.sql(f"REFRESH TABLE {views}")
+    return spark.sql(f"SELECT count(*) FROM {views}.snapshots").collect()[0][0]
+
+
 def test_views_restarts_neither_skip_nor_double_count(spark, names) -> None:
     for statement in fact_table_ddl(names["clicks"]):
         spark.sql(statement)
     args = ["--clicks-table", names["clicks"], "--views-table", names["views"]]
     cmd = [LAKEHOUSE_BIN, "run", "views", *args, "--trigger-seconds", "0.2"]
-    appended = 0
+    appended, expected = 0, Counter()
     for round_no in range(2):
+        before = views_commits(spark, names["views"])
         job = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            # Keep appending while the job starts and runs, then kill -9 it wherever it is.
-            deadline = time.monotonic() + 10 + 5 * round_no
-            while time.monotonic() < deadline:
+            # Keep appending while the job starts and runs; kill -9 it once this run has committed
+            # views, a few appends later (wherever it then is).
+            deadline, committed_at = time.monotonic() + 180, None
+            while committed_at is None or appended < committed_at + 200 * (2 + round_no):
+                assert time.monotonic() < deadline, "the views job committed nothing in 3 minutes"
                 append_clicks(spark, names["clicks"], appended, 200)
+                expected.update(str(i % 20) for i in range(200 * PARTITIONS))  # productId = id % 20
                 appended += 200
                 time.sleep(0.5)
+                if committed_at is None and views_commits(spark, names["views"]) > before:
+                    committed_at = appended
+            assert job.poll() is None, f"the views job exited ({job.returncode}) before the kill"
         finally:
             job.send_signal(signal.SIGKILL)
             job.wait(30)
+        assert job.returncode == -signal.SIGKILL
     finished = subprocess.run(
         [LAKEHOUSE_BIN, "run", "views", *args, "--until-idle", "--idle-seconds", "1"],
         cwd=REPO,
@@ -215,8 +231,9 @@ def test_views_restarts_neither_skip_nor_double_count(spark, names) -> None:
         timeout=300,
     )
     assert finished.returncode == 0, finished.stderr[-2000:]
+    # Against what was appended (the test's own count per product), and the source system's query.
+    assert Counter({r[0]: r[3] for r in views_rows(spark, names["views"])}) == expected
     assert views_rows(spark, names["views"]) == source_statistic(spark, names["clicks"])
-    assert sum(v for *_, v in views_rows(spark, names["views"])) == appended * PARTITIONS
     stored = spark.sql(
         f"SELECT summary['{PROGRESS_KEY}'] FROM {names['views']}.snapshots ORDER BY committed_at DESC LIMIT 1"
     ).collect()[0][0]
