@@ -392,8 +392,9 @@ def test_randomized_workload_converges(spark, app_conn, make_sync) -> None:
 
 
 def test_rows_changed_during_initial_snapshot_converge(
-    spark, app_conn, local_stack, secrets, make_sync
+    spark, app_conn, local_stack, secrets, make_sync, monkeypatch
 ) -> None:
+    from jobs.cdc import snapshot
     from lakehouse.local.mariadb import APP_USER
 
     pair = fresh_test_table(spark, app_conn, "cdc_test_snapshot")
@@ -404,15 +405,25 @@ def test_rows_changed_during_initial_snapshot_converge(
         )
     app_conn.commit()
     stop = threading.Event()
+    commits: list[float] = []  # when each of the writer's statements committed (monotonic)
+    read_window: list[float] = []  # when the snapshot's read began and ended
+    real_read_rows = snapshot.source_db.read_rows
+
+    def timed_read_rows(*args, **kwargs):
+        read_window.append(time.monotonic())
+        yield from real_read_rows(*args, **kwargs)
+        read_window.append(time.monotonic())
 
     def churn() -> None:
         conn = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
         try:
             while not stop.is_set():
-                random_workload(conn, "cdc_test_snapshot", 50, seed=int(time.time() * 1000), keys=20_000)
+                random_workload(conn, "cdc_test_snapshot", 1, seed=len(commits), keys=20_000)
+                commits.append(time.monotonic())
         finally:
             conn.close()
 
+    monkeypatch.setattr(snapshot.source_db, "read_rows", timed_read_rows)
     writer = threading.Thread(target=churn)
     writer.start()
     try:
@@ -420,6 +431,9 @@ def test_rows_changed_during_initial_snapshot_converge(
     finally:
         stop.set()
         writer.join()
+    began, ended = read_window
+    during = sum(1 for t in commits if began < t < ended)
+    assert during > 0, f"no write committed while the snapshot read ({len(commits)} writes in all)"
     catch_up(sync)
     assert assert_converged(spark, app_conn, "cdc_test_snapshot") > 15_000
 
@@ -719,14 +733,16 @@ def test_write_between_snapshot_position_and_read_is_not_lost(
     pair = fresh_test_table(spark, app_conn, name)
     seed_rows(app_conn, name, 100)
     real_read_rows = snapshot.source_db.read_rows
+    writes: list[str] = []
 
     def read_after_a_write(conn, table, *args, **kwargs):
+        writes.append(table.name)
         writer = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
         try:
             with writer.cursor() as cur:
                 cur.execute(f"UPDATE {name} SET qty = -1, note = 'between' WHERE id < 'k00010'")
                 cur.execute(f"DELETE FROM {name} WHERE id = 'k00050'")
-                cur.execute(f"INSERT INTO {name} (id, name) VALUES ('between', 'x')")
+                cur.execute(f"INSERT INTO {name} (id, name) VALUES ('between', 'x'), ('between2', 'y')")
             writer.commit()
         finally:
             writer.close()
@@ -735,8 +751,13 @@ def test_write_between_snapshot_position_and_read_is_not_lost(
     monkeypatch.setattr(snapshot.source_db, "read_rows", read_after_a_write)
     sync = make_sync(pair)
     monkeypatch.setattr(snapshot.source_db, "read_rows", real_read_rows)
+    assert writes == [name], "the writes between the snapshot's position and its read never ran"
     catch_up(sync)
-    assert assert_converged(spark, app_conn, name) == 100
+    # 100 seeded - 1 deleted + 2 inserted: the count and the rows differ if the writes were lost.
+    assert assert_converged(spark, app_conn, name) == 101
+    lake = {r.id: r.qty for r in spark.table(f"lakehouse.dim_db.{name}").collect()}
+    assert "k00050" not in lake and {"between", "between2"} <= lake.keys()
+    assert [lake[f"k{i:05d}"] for i in range(10)] == [-1] * 10
 
 
 class _DropAfterSavepoint:
