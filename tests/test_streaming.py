@@ -117,10 +117,17 @@ def assert_lake_equals_sources(stack: Stack) -> None:
     landed = collections.Counter((r["kafka_partition"], r["kafka_offset"]) for r in clicks + rejects)
     assert landed == collections.Counter(sent.keys()), (len(sent), sum(landed.values()))
     # The views count every click once, per product and price.
+    lake_views = lake(stack, "ads_behavior.product_views")
     counted = collections.Counter()
-    for row in lake(stack, "ads_behavior.product_views"):
+    for row in lake_views:
         counted[(row["productId"], row["product_price"])] += row["views"]
     assert +counted == collections.Counter((r["productId"], r["product_price"]) for r in clicks)
+    # ... and per product, the clicks the topic holds (read back by the plain consumer).
+    per_product = collections.Counter()
+    for r in lake_views:
+        per_product[r["productId"]] += r["views"]
+    fact_keys = [(r["kafka_partition"], r["kafka_offset"]) for r in clicks]
+    assert +per_product == collections.Counter(json.loads(sent[k])["productId"] for k in fact_keys)
     # The dimensions equal the source tables, row for row.
     assert dims_differences(stack) == {}
 
