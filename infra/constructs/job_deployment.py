@@ -374,6 +374,9 @@ class JobDeployment(Construct):
                 resources=[self.cluster_arn],
             )
         )
+        # SnsPublish grants sns:Publish only; the topic is KMS-encrypted, so without the key grant
+        # the failure alert itself would fail (KMS access denied) and nobody would hear of it.
+        alert_topic.grant_publish(machine)
         # `.sync` on EMR steps waits through this Step Functions-managed rule.
         machine.add_to_role_policy(
             iam.PolicyStatement(
@@ -386,5 +389,10 @@ class JobDeployment(Construct):
             "AwsSolutions-IAM5[Resource::*]",
             "CDK's standard grants for state machine log delivery and X-Ray tracing: those actions "
             "support no resource-level permissions",
+        )
+        acknowledge(
+            machine,
+            "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]",
+            "Publishing to the KMS-encrypted alerts topic: CDK's grant on that one key",
         )
         return machine

@@ -8,13 +8,15 @@ the app is rebuilt without the plugin so the other tests still say what else is 
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
-from aws_cdk import App
+from aws_cdk import App, CfnElement, Stack
 from aws_cdk.assertions import Template
 
 from infra.config import DeploymentConfig
@@ -26,6 +28,24 @@ CONCERNS = ("Network", "Lake", "Streaming", "SourceDatabase", "Compute", "Monito
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
+
+
+@dataclass(frozen=True)
+class Target:
+    """The resource a reference (Ref, Fn::GetAtt, Fn::GetStackOutput, Fn::ImportValue) points at."""
+
+    concern: str
+    logical_id: str
+    attribute: str | None  # None for a Ref
+    resource: dict = field(compare=False, repr=False)
+
+    @property
+    def type(self) -> str:
+        return self.resource["Type"]
+
+    @property
+    def properties(self) -> dict:
+        return self.resource.get("Properties", {})
 
 
 @dataclass
@@ -40,6 +60,122 @@ class SynthesizedEnv:
     def template(self, concern: str) -> Template:
         return Template.from_json(self.templates[concern])
 
+    def logical_id(self, construct) -> str:
+        """The logical id of a construct's CloudFormation resource (an L2's default child)."""
+        resource = construct if isinstance(construct, CfnElement) else construct.node.default_child
+        return Stack.of(resource).get_logical_id(resource)
+
+    def resources(self, concern: str, kind: str) -> dict[str, dict]:
+        """Logical id -> resource, for the resources of one type in one concern's template."""
+        return {k: r for k, r in self.templates[concern]["Resources"].items() if r["Type"] == kind}
+
+    def resolve(self, concern: str, value: Any) -> Target:
+        """The resource `value` (in `concern`'s template) refers to, across stacks: a
+        Fn::GetStackOutput/Fn::ImportValue is followed to the producing stack's output. Anything that
+        is not a reference to a resource of these templates fails the test."""
+        if isinstance(value, dict) and len(value) == 1:
+            ((function, argument),) = value.items()
+            if function == "Ref" and isinstance(argument, str) and not argument.startswith("AWS::"):
+                return self._target(concern, argument, None)
+            if function == "Fn::GetAtt":
+                logical_id, attribute = argument if isinstance(argument, list) else argument.split(".", 1)
+                return self._target(concern, logical_id, attribute)
+            if function == "Fn::GetStackOutput":
+                producer = self._concern_of_stack(argument["StackName"])
+                outputs = self.templates[producer].get("Outputs", {})
+                assert argument["OutputName"] in outputs, f"{producer} has no output {argument}"
+                return self.resolve(producer, outputs[argument["OutputName"]]["Value"])
+            if function == "Fn::ImportValue" and isinstance(argument, str):
+                found = [
+                    (producer, output["Value"])
+                    for producer, template in self.templates.items()
+                    for output in template.get("Outputs", {}).values()
+                    if output.get("Export", {}).get("Name") == argument
+                ]
+                assert len(found) == 1, f"export {argument}: {found}"
+                return self.resolve(*found[0])
+        raise AssertionError(f"{concern}: not a reference to a resource: {json.dumps(value)}")
+
+    def try_resolve(self, concern: str, value: Any) -> Target | None:
+        try:
+            return self.resolve(concern, value)
+        except AssertionError:
+            return None
+
+    def render(self, concern: str, value: Any) -> str:
+        """A template value as one string: pseudo parameters as ${AWS::Region}, a bucket's Ref as its
+        BucketName, any other reference as ${Concern/LogicalId[.Attribute]}, Fn::Join joined."""
+        if isinstance(value, str | int | float):
+            return str(value)
+        if isinstance(value, dict) and set(value) == {"Ref"} and value["Ref"].startswith("AWS::"):
+            return f"${{{value['Ref']}}}"
+        if isinstance(value, dict) and set(value) == {"Fn::Join"}:
+            separator, parts = value["Fn::Join"]
+            return separator.join(self.render(concern, part) for part in parts)
+        target = self.resolve(concern, value)
+        if target.type == "AWS::S3::Bucket" and target.attribute is None:
+            return self.render(target.concern, target.properties["BucketName"])
+        suffix = f".{target.attribute}" if target.attribute else ""
+        return f"${{{target.concern}/{target.logical_id}{suffix}}}"
+
+    def _target(self, concern: str, logical_id: str, attribute: str | None) -> Target:
+        resources = self.templates[concern]["Resources"]
+        assert logical_id in resources, f"{concern} has no resource {logical_id}"
+        return Target(concern, logical_id, attribute, resources[logical_id])
+
+    def _concern_of_stack(self, stack_name: str) -> str:
+        stacks = zip(CONCERNS, self.stacks.all, strict=True)
+        by_name = {stack.stack_name: concern for concern, stack in stacks}
+        assert stack_name in by_name, f"no stack {stack_name} in this app"
+        return by_name[stack_name]
+
+    def identity_statements(self) -> list[tuple[str, Target, dict]]:
+        """(concern, role, statement) for every statement of every IAM identity policy of the app: inline
+        policies of roles and the roles each AWS::IAM::Policy / ManagedPolicy is attached to."""
+        found = []
+        for concern, template in self.templates.items():
+            for logical_id, resource in template["Resources"].items():
+                props = resource.get("Properties", {})
+                if resource["Type"] == "AWS::IAM::Role":
+                    roles = [self._target(concern, logical_id, None)]
+                    documents = [p["PolicyDocument"] for p in props.get("Policies", [])]
+                elif resource["Type"] in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
+                    roles = [self.resolve(concern, role) for role in props.get("Roles", [])]
+                    documents = [props["PolicyDocument"]]
+                else:
+                    continue
+                for document in documents:
+                    found += [(concern, role, s) for role in roles for s in document["Statement"]]
+        return found
+
+    def grantees(self, action: str, concern: str, logical_id: str) -> set[tuple[str, str]]:
+        """(concern, logical id) of the roles whose identity policies allow `action` on the resource
+        `concern`/`logical_id` (by a reference to it or by "*"), whatever the condition."""
+        found = set()
+        for where, role, statement in self.identity_statements():
+            actions = statement.get("Action", [])
+            resources = statement.get("Resource", [])
+            if statement["Effect"] != "Allow" or not any(
+                fnmatch.fnmatchcase(action, pattern) for pattern in _as_list(actions)
+            ):
+                continue
+            for value in _as_list(resources):
+                target = None if value == "*" else self.try_resolve(where, value)
+                if value == "*" or (target and (target.concern, target.logical_id) == (concern, logical_id)):
+                    found.add((role.concern, role.logical_id))
+        return found
+
+    def nag_plugin_report(self) -> dict:
+        """cdk-nag's part of the validation report CDK wrote at synth."""
+        report_file = self.outdir / "validation-report.json"
+        assert report_file.exists(), f"no {report_file.name}: no validation plugin ran at synth"
+        reports = json.loads(report_file.read_text())["pluginReports"]
+        nag = [r for r in reports if r["pluginName"] == "AwsSolutions"]
+        assert len(nag) == 1, (
+            f"cdk-nag (AwsSolutions) did not run at synth: {[r['pluginName'] for r in reports]}"
+        )
+        return nag[0]
+
     def acknowledgements(self) -> list[tuple[str, str, str]]:
         """(construct path, rule id, reason) of every acknowledged validation rule."""
         found = []
@@ -48,6 +184,10 @@ class SynthesizedEnv:
                 if entry.type == "aws:cdk:acknowledged-rules":
                     found += [(construct.node.path, rule, reason) for rule, reason in entry.data.items()]
         return found
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
 
 
 def cdk_json_context() -> dict:

@@ -3,12 +3,13 @@ keys for log groups and secrets, prod's versioned buckets, RDS enhanced monitori
 
 from __future__ import annotations
 
+import fnmatch
+import re
 import ssl
 
 import pytest
 from aws_cdk.assertions import Match
 
-from infra.constructs.source_database import SERVER_PARAMETERS
 from jobs.config import RDS_CA_BUNDLE, LakehouseConfig
 
 
@@ -17,11 +18,12 @@ def resources(env, concern: str, kind: str) -> dict[str, dict]:
 
 
 def test_rds_requires_tls_from_every_client(synthesized) -> None:
-    synthesized.template("SourceDatabase").has_resource_properties(
-        "AWS::RDS::DBParameterGroup",
-        {"Family": "mysql8.4", "Parameters": Match.object_like({"require_secure_transport": "1"})},
-    )
-    assert SERVER_PARAMETERS["binlog_row_metadata"] == "FULL"
+    # The parameter group the instance uses, not just a group somewhere in the template.
+    (instance,) = resources(synthesized, "SourceDatabase", "AWS::RDS::DBInstance").values()
+    group = synthesized.resolve("SourceDatabase", instance["Properties"]["DBParameterGroupName"])
+    assert group.type == "AWS::RDS::DBParameterGroup" and group.attribute is None
+    assert group.properties["Family"] == "mysql8.4"
+    assert group.properties["Parameters"].get("require_secure_transport") == "1"
 
 
 def test_the_jobs_verify_rds_against_the_shipped_ca_bundle() -> None:
@@ -65,21 +67,79 @@ def test_every_log_group_is_encrypted_with_the_stacks_key(synthesized, concern: 
     assert keys[logs_key]["Properties"]["EnableKeyRotation"] is True
 
 
-def test_secrets_use_their_own_key_and_only_granted_roles_decrypt(synthesized) -> None:
-    secrets = resources(synthesized, "SourceDatabase", "AWS::SecretsManager::Secret")
-    assert len(secrets) == 2
-    for name, secret in secrets.items():
-        assert secret["Properties"]["KmsKeyId"]["Fn::GetAtt"][0].startswith("SourceDatabaseSecretsKey"), name
-    synthesized.template("Compute").has_resource_properties(
-        "AWS::IAM::Policy",
-        {
-            "PolicyDocument": {
-                "Statement": Match.array_with(
-                    [Match.object_like({"Action": "kms:Decrypt", "Condition": Match.any_value()})]
-                )
-            }
-        },
+def as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def without_hash(logical_id: str) -> str:
+    """A logical id without the 8-character hash CDK appends to the construct path."""
+    return re.sub(r"[0-9A-F]{8}$", "", logical_id)
+
+
+def allows_decrypt(statement: dict) -> bool:
+    return statement["Effect"] == "Allow" and any(
+        fnmatch.fnmatchcase("kms:Decrypt", action) for action in as_list(statement["Action"])
     )
+
+
+VIA_SECRETS_MANAGER = {
+    "StringEquals": {
+        "kms:ViaService": {"Fn::Join": ["", ["secretsmanager.", {"Ref": "AWS::Region"}, ".amazonaws.com"]]}
+    }
+}
+ACCOUNT_ROOT = {
+    "Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, ":iam::", {"Ref": "AWS::AccountId"}, ":root"]]
+}
+
+
+def test_secrets_use_their_own_key_and_only_granted_roles_decrypt(synthesized) -> None:
+    env = synthesized
+    secrets = resources(env, "SourceDatabase", "AWS::SecretsManager::Secret")
+    assert len(secrets) == 2
+    (key,) = {env.resolve("SourceDatabase", s["Properties"]["KmsKeyId"]) for s in secrets.values()}
+    assert key.type == "AWS::KMS::Key" and key.logical_id.startswith("SourceDatabaseSecretsKey")
+    assert key.properties["EnableKeyRotation"] is True
+
+    # The key policy: one unconditioned statement for the account's key administration (it leaves
+    # every other use to IAM policies, checked below); every statement that lets a principal
+    # decrypt goes through Secrets Manager and names the account (Secrets Manager on its behalf)
+    # or the seeding function's role. No service, no other account, no "*".
+    decrypters = []
+    for statement in key.properties["KeyPolicy"]["Statement"]:
+        if statement["Effect"] == "Deny":
+            continue
+        principal = statement["Principal"]
+        assert set(principal) == {"AWS"}, statement
+        if statement["Action"] == "kms:*" and "Condition" not in statement:
+            assert principal["AWS"] == ACCOUNT_ROOT, statement
+            decrypters.append("account administration")
+        elif allows_decrypt(statement):
+            assert statement.get("Condition") == VIA_SECRETS_MANAGER, statement
+            if principal["AWS"] == ACCOUNT_ROOT:
+                decrypters.append("account via Secrets Manager")
+            else:
+                role = env.resolve("SourceDatabase", principal["AWS"])
+                assert role.type == "AWS::IAM::Role"
+                decrypters.append(without_hash(role.logical_id))
+    assert sorted(decrypters) == [
+        "SourceDatabaseSeedFunctionServiceRole",
+        "account administration",
+        "account via Secrets Manager",
+    ]
+
+    # Through IAM: only the EMR instance role may decrypt with this key (for the CDC secret), and
+    # only via Secrets Manager; no identity policy lets anyone decrypt with every key ("*").
+    granted = []
+    for concern, role, statement in env.identity_statements():
+        if not allows_decrypt(statement):
+            continue
+        for resource in as_list(statement["Resource"]):
+            assert resource != "*", f"{role.concern}/{role.logical_id} may decrypt with every key"
+            target = env.try_resolve(concern, resource)
+            if target and (target.concern, target.logical_id) == (key.concern, key.logical_id):
+                assert statement.get("Condition") == VIA_SECRETS_MANAGER, role.logical_id
+                granted.append((role.concern, without_hash(role.logical_id)))
+    assert granted == [("Compute", "ComputeInstanceRole")]
 
 
 def test_prod_keeps_noncurrent_versions_for_30_days_and_dev_none(dev, prod) -> None:

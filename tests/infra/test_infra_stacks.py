@@ -50,7 +50,6 @@ def test_network_azs_nat_endpoints_flow_logs(synthesized):
     template.resource_count_is("AWS::EC2::VPC", 1)
     template.resource_count_is("AWS::EC2::NatGateway", synthesized.config.network.nat_gateways)
     template.resource_count_is("AWS::EC2::Subnet", 2 * azs)  # public + private per AZ
-    template.resource_count_is("AWS::EC2::FlowLog", 1)
     template.has_resource_properties(
         "AWS::EC2::VPCEndpoint", {"VpcEndpointType": "Gateway", "ServiceName": Match.any_value()}
     )
@@ -61,6 +60,28 @@ def test_network_azs_nat_endpoints_flow_logs(synthesized):
         "AWS::EC2::Subnet",
         {"Tags": Match.array_with([{"Key": "for-use-with-amazon-emr-managed-policies", "Value": "true"}])},
     )
+
+
+def test_the_vpc_logs_all_its_traffic_to_an_encrypted_log_group(synthesized):
+    env = synthesized
+    (vpc_id,) = env.resources("Network", "AWS::EC2::VPC")
+    (flow_log,) = env.resources("Network", "AWS::EC2::FlowLog").values()
+    props = flow_log["Properties"]
+    assert props["ResourceType"] == "VPC" and props["TrafficType"] == "ALL"
+    vpc = env.resolve("Network", props["ResourceId"])
+    assert (vpc.concern, vpc.logical_id, vpc.attribute) == ("Network", vpc_id, None)
+    # Delivered to a CloudWatch log group of the stack, encrypted with the stack's logs key and kept
+    # for the environment's retention, by a role only the flow-logs service can assume.
+    assert props["LogDestinationType"] == "cloud-watch-logs" and "LogDestination" not in props
+    group = env.resolve("Network", props["LogGroupName"])
+    assert group.type == "AWS::Logs::LogGroup" and group.attribute is None
+    key = env.resolve("Network", group.properties["KmsKeyId"])
+    assert key.type == "AWS::KMS::Key" and key.logical_id.startswith("LogsKey")
+    assert group.properties["RetentionInDays"] == {"dev": 30, "prod": 365}[env.config.env_name]
+    role = env.resolve("Network", props["DeliverLogsPermissionArn"])
+    assert role.type == "AWS::IAM::Role" and role.attribute == "Arn"
+    (trust,) = role.properties["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Principal"] == {"Service": "vpc-flow-logs.amazonaws.com"}
 
 
 # ---- lake -----------------------------------------------------------------------------------
@@ -93,23 +114,38 @@ def test_buckets_encrypted_private_ssl_only_and_logged(synthesized):
 
 
 def test_glue_databases_in_the_warehouse_and_athena_workgroup(synthesized):
-    template = synthesized.template("Lake")
-    for namespace in NAMESPACES:
-        template.has_resource_properties(
-            "AWS::Glue::Database",
-            {"DatabaseInput": {"Name": namespace, "LocationUri": Match.any_value()}},
-        )
-    template.resource_count_is("AWS::Glue::Database", len(NAMESPACES))
+    env = synthesized
+    template = env.template("Lake")
+    lake = env.stacks.lake
+    warehouse_id = lake.get_logical_id(lake.lake.warehouse_bucket.node.default_child)
+    # The warehouse bucket's own name (a literal plus the account and region), as the bucket says it.
+    warehouse = env.render("Lake", {"Ref": warehouse_id})
+    assert warehouse == f"lakehouse-{env.config.env_name}-warehouse-${{AWS::AccountId}}-${{AWS::Region}}"
+    # Each namespace where Iceberg's GlueCatalog puts it by default: <warehouse>/<namespace>.db.
+    databases = {
+        db["Properties"]["DatabaseInput"]["Name"]: db["Properties"]
+        for db in env.resources("Lake", "AWS::Glue::Database").values()
+    }
+    assert sorted(databases) == sorted(NAMESPACES)
+    for namespace, props in databases.items():
+        assert props["CatalogId"] == {"Ref": "AWS::AccountId"}
+        location = env.render("Lake", props["DatabaseInput"]["LocationUri"])
+        assert location == f"s3://{warehouse}/warehouse/{namespace}.db", namespace
+    assert env.render("Lake", env.templates["Lake"]["Outputs"]["WarehouseUri"]["Value"]) == (
+        f"s3://{warehouse}/warehouse"
+    )
+    (workgroup,) = env.resources("Lake", "AWS::Athena::WorkGroup").values()
+    results = workgroup["Properties"]["WorkGroupConfiguration"]["ResultConfiguration"]
+    assert env.render("Lake", results["OutputLocation"]) == f"s3://{warehouse}/athena-results/"
     template.has_resource_properties(
         "AWS::Athena::WorkGroup",
         {
             "WorkGroupConfiguration": Match.object_like(
                 {
                     "EnforceWorkGroupConfiguration": True,
-                    "ResultConfiguration": {
-                        "OutputLocation": Match.any_value(),
-                        "EncryptionConfiguration": {"EncryptionOption": "SSE_S3"},
-                    },
+                    "ResultConfiguration": Match.object_like(
+                        {"EncryptionConfiguration": {"EncryptionOption": "SSE_S3"}}
+                    ),
                 }
             )
         },
@@ -142,24 +178,40 @@ def test_dev_destroys_data_and_prod_retains_it(dev, prod):
 
 
 def test_msk_tls_iam_encrypted_logged(synthesized):
-    template = synthesized.template("Streaming")
-    settings = synthesized.config.streaming
-    template.has_resource_properties(
-        "AWS::MSK::Cluster",
-        {
-            "KafkaVersion": Match.string_like_regexp(r"^3\."),
-            "NumberOfBrokerNodes": settings.broker_count,
-            "BrokerNodeGroupInfo": Match.object_like({"InstanceType": settings.broker_instance_type}),
-            "EncryptionInfo": {"EncryptionInTransit": {"ClientBroker": "TLS", "InCluster": True}},
-            "ClientAuthentication": {
-                "Sasl": {"Iam": {"Enabled": True}},
-                "Unauthenticated": {"Enabled": False},
-            },
-            "LoggingInfo": {"BrokerLogs": {"CloudWatchLogs": Match.object_like({"Enabled": True})}},
-        },
-    )
-    # At rest: MSK always encrypts; no EncryptionAtRest block means the MSK-managed key.
-    assert synthesized.config.env_name != "dev" or settings.broker_instance_type == "kafka.t3.small"
+    env = synthesized
+    settings = env.config.streaming
+    (cluster,) = env.resources("Streaming", "AWS::MSK::Cluster").values()
+    props = cluster["Properties"]
+    assert props["KafkaVersion"].startswith("3.")
+    assert props["NumberOfBrokerNodes"] == settings.broker_count
+    brokers = props["BrokerNodeGroupInfo"]
+    assert brokers["InstanceType"] == settings.broker_instance_type
+    subnets = [env.resolve("Streaming", subnet) for subnet in brokers["ClientSubnets"]]
+    assert {(s.concern, s.type) for s in subnets} == {("Network", "AWS::EC2::Subnet")}
+    assert len({s.logical_id for s in subnets}) == env.config.network.max_azs
+    # IAM is the only way in: no TLS client certificates, no SCRAM, no unauthenticated clients.
+    assert props["ClientAuthentication"] == {
+        "Sasl": {"Iam": {"Enabled": True}},
+        "Unauthenticated": {"Enabled": False},
+    }
+    encryption = props["EncryptionInfo"]
+    assert encryption["EncryptionInTransit"] == {"ClientBroker": "TLS", "InCluster": True}
+    # At rest: MSK always encrypts the brokers' volumes and cannot be told not to. Without a
+    # DataVolumeKMSKeyId it uses its AWS-managed key (README "Security", "At rest"); with one, it
+    # must be a rotating customer-managed key of this stack.
+    assert set(encryption) <= {"EncryptionInTransit", "EncryptionAtRest"}
+    at_rest = encryption.get("EncryptionAtRest")
+    if at_rest is not None:
+        key = env.resolve("Streaming", at_rest["DataVolumeKMSKeyId"])
+        assert key.type == "AWS::KMS::Key" and key.properties["EnableKeyRotation"] is True
+    # Broker logs go to this stack's log group, encrypted with its logs key.
+    broker_logs = props["LoggingInfo"]["BrokerLogs"]["CloudWatchLogs"]
+    assert broker_logs["Enabled"] is True
+    group = env.resolve("Streaming", broker_logs["LogGroup"])
+    assert group.type == "AWS::Logs::LogGroup" and group.concern == "Streaming"
+    assert group.properties["RetentionInDays"] == {"dev": 7, "prod": 90}[env.config.env_name]
+    logs_key = env.resolve("Streaming", group.properties["KmsKeyId"])
+    assert logs_key.type == "AWS::KMS::Key" and logs_key.logical_id.startswith("LogsKey")
 
 
 def test_click_topic_created_at_deploy_and_brokers_published(synthesized):
@@ -185,21 +237,24 @@ def test_click_topic_created_at_deploy_and_brokers_published(synthesized):
 # ---- source database ------------------------------------------------------------------------
 
 
+def instance_parameters(env) -> dict:
+    """The parameters of the parameter group the source DB instance uses (not just any group)."""
+    (instance,) = env.resources("SourceDatabase", "AWS::RDS::DBInstance").values()
+    group = env.resolve("SourceDatabase", instance["Properties"]["DBParameterGroupName"])
+    assert group.type == "AWS::RDS::DBParameterGroup" and group.attribute is None
+    assert group.properties["Family"] == "mysql8.4"
+    return group.properties["Parameters"]
+
+
 def test_mysql_binlog_parameters_and_backups(synthesized):
     template = synthesized.template("SourceDatabase")
-    template.has_resource_properties(
-        "AWS::RDS::DBParameterGroup",
-        {
-            "Family": "mysql8.4",
-            "Parameters": Match.object_like(
-                {
-                    "binlog_format": "ROW",
-                    "binlog_row_image": "FULL",
-                    "binlog_row_metadata": "FULL",
-                }
-            ),
-        },
-    )
+    parameters = instance_parameters(synthesized)
+    binlog = ("binlog_format", "binlog_row_image", "binlog_row_metadata")
+    assert {name: parameters.get(name) for name in binlog} == {
+        "binlog_format": "ROW",
+        "binlog_row_image": "FULL",
+        "binlog_row_metadata": "FULL",
+    }
     (instance,) = template.find_resources("AWS::RDS::DBInstance").values()
     props = instance["Properties"]
     assert props["Engine"] == "mysql" and props["EngineVersion"].startswith("8.4.")
@@ -333,32 +388,82 @@ def test_job_settings_seam_matches_lakehouse_config(dev):
 
 
 def test_failures_and_storage_alarms_reach_an_encrypted_topic(synthesized):
-    template = synthesized.template("Monitoring")
-    template.has_resource_properties("AWS::SNS::Topic", {"KmsMasterKeyId": Match.any_value()})
-    template.has_resource_properties(
-        "AWS::Events::Rule",
-        {
-            "EventPattern": {
-                "source": ["aws.emr"],
-                "detail-type": ["EMR Step Status Change", "EMR Cluster State Change"],
-                "detail": {"clusterId": Match.any_value(), "state": ["FAILED", "TERMINATED_WITH_ERRORS"]},
-            },
-            "Targets": Match.array_with([Match.object_like({"Arn": Match.any_value()})]),
-        },
+    env = synthesized
+    topic_id = env.logical_id(env.stacks.monitoring.monitoring.topic)
+    topic = env.templates["Monitoring"]["Resources"][topic_id]["Properties"]
+    # The topic is encrypted with the alerts key of this stack (not any key), which rotates...
+    key = env.resolve("Monitoring", topic["KmsMasterKeyId"])
+    assert (key.concern, key.type) == ("Monitoring", "AWS::KMS::Key")
+    assert key.logical_id.startswith("MonitoringAlertsKey") and key.properties["EnableKeyRotation"]
+    # ...and lets the two services that publish to it (EventBridge, CloudWatch alarms) use it.
+    granted = {}
+    for statement in key.properties["KeyPolicy"]["Statement"]:
+        services = statement["Principal"].get("Service", [])
+        for service in [services] if isinstance(services, str) else services:
+            granted.setdefault(service, set()).update(as_list(statement["Action"]))
+    for service in ("events.amazonaws.com", "cloudwatch.amazonaws.com"):
+        assert {"kms:Decrypt", "kms:GenerateDataKey*"} <= granted.get(service, set()), service
+
+    # A failed step or cluster of this app's EMR cluster goes to that topic.
+    (rule,) = env.resources("Monitoring", "AWS::Events::Rule").values()
+    pattern = rule["Properties"]["EventPattern"]
+    assert pattern["source"] == ["aws.emr"]
+    assert pattern["detail-type"] == ["EMR Step Status Change", "EMR Cluster State Change"]
+    assert pattern["detail"]["state"] == ["FAILED", "TERMINATED_WITH_ERRORS"]
+    (cluster_id,) = pattern["detail"]["clusterId"]
+    cluster = env.resolve("Monitoring", cluster_id)
+    assert (cluster.concern, cluster.type, cluster.attribute) == ("Compute", "AWS::EMR::Cluster", None)
+    (target,) = rule["Properties"]["Targets"]
+    arn = env.resolve("Monitoring", target["Arn"])
+    assert (arn.concern, arn.logical_id, arn.attribute) == ("Monitoring", topic_id, None)
+    # EventBridge may publish to the topic (its resource policy), over TLS only.
+    (policy,) = env.resources("Monitoring", "AWS::SNS::TopicPolicy").values()
+    assert [env.resolve("Monitoring", t).logical_id for t in policy["Properties"]["Topics"]] == [topic_id]
+    statements = policy["Properties"]["PolicyDocument"]["Statement"]
+    assert any(
+        s["Effect"] == "Allow"
+        and s["Principal"] == {"Service": "events.amazonaws.com"}
+        and s["Action"] == "sns:Publish"
+        for s in statements
     )
-    template.has_resource_properties(
-        "AWS::CloudWatch::Alarm",
-        {
-            "MetricName": "FreeStorageSpace",
-            "ComparisonOperator": "LessThanThreshold",
-        },
+    assert any(
+        s["Effect"] == "Deny" and s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}
+        for s in statements
     )
-    disk_alarms = template.find_resources(
-        "AWS::CloudWatch::Alarm", {"Properties": {"MetricName": "KafkaDataLogsDiskUsed"}}
-    )
-    assert len(disk_alarms) == synthesized.config.streaming.broker_count
-    for alarm in template.find_resources("AWS::CloudWatch::Alarm").values():
-        assert alarm["Properties"]["AlarmActions"]
+
+    # The storage alarms (RDS free storage, one MSK disk alarm per broker) alert that topic; every
+    # alarm's thresholds and actions: test_infra_pipeline_health.py.
+    alarms = env.resources("Monitoring", "AWS::CloudWatch::Alarm").values()
+    storage = [
+        a
+        for a in alarms
+        if a["Properties"].get("MetricName") in ("FreeStorageSpace", "KafkaDataLogsDiskUsed")
+    ]
+    assert len(storage) == 1 + env.config.streaming.broker_count
+    for alarm in storage:
+        (action,) = alarm["Properties"]["AlarmActions"]
+        assert env.resolve("Monitoring", action).logical_id == topic_id
+
+
+def test_every_publisher_to_the_alerts_topic_may_use_its_key(synthesized):
+    """tasks.SnsPublish grants sns:Publish only: a publisher without the key's rights would see its
+    failure alert itself fail with a KMS access error."""
+    env = synthesized
+    topic_id = env.logical_id(env.stacks.monitoring.monitoring.topic)
+    topic = env.templates["Monitoring"]["Resources"][topic_id]["Properties"]
+    key_id = env.resolve("Monitoring", topic["KmsMasterKeyId"]).logical_id
+    publishers = env.grantees("sns:Publish", "Monitoring", topic_id)
+    assert len(publishers) == 4  # the step supervisor, the report, maintain and gendata state machines
+    missing = {
+        f"{concern}/{role}: {action}"
+        for action in ("kms:GenerateDataKey", "kms:Decrypt")
+        for concern, role in publishers - env.grantees(action, "Monitoring", key_id)
+    }
+    assert not missing, sorted(missing)
+
+
+def as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
 
 
 # ---- teardown ---------------------------------------------------------------------------------
@@ -382,14 +487,8 @@ def test_dev_leaves_nothing_behind_and_prod_keeps_its_logs(dev, prod):
 
 
 def test_source_is_mysql_8_4_with_the_binlog_settings(synthesized):
-    template = synthesized.template("SourceDatabase")
-    template.has_resource_properties(
-        "AWS::RDS::DBInstance", {"Engine": "mysql", "EngineVersion": Match.string_like_regexp(r"^8\.4")}
-    )
-    template.has_resource_properties(
-        "AWS::RDS::DBParameterGroup",
-        {
-            "Family": "mysql8.4",
-            "Parameters": Match.object_like({"binlog_row_metadata": "FULL", "binlog_format": "ROW"}),
-        },
-    )
+    (instance,) = synthesized.resources("SourceDatabase", "AWS::RDS::DBInstance").values()
+    assert instance["Properties"]["Engine"] == "mysql"
+    assert instance["Properties"]["EngineVersion"].startswith("8.4.")
+    parameters = instance_parameters(synthesized)  # the family of the instance's own group is mysql8.4
+    assert parameters.get("binlog_row_metadata") == "FULL" and parameters.get("binlog_format") == "ROW"
