@@ -405,7 +405,7 @@ def test_rows_changed_during_initial_snapshot_converge(
         )
     app_conn.commit()
     stop = threading.Event()
-    commits: list[float] = []  # when each of the writer's statements committed (monotonic)
+    commits: list[tuple[float, float]] = []  # each of the writer's statements: (before, committed)
     read_window: list[float] = []  # when the snapshot's read began and ended
     real_read_rows = snapshot.source_db.read_rows
 
@@ -418,8 +418,9 @@ def test_rows_changed_during_initial_snapshot_converge(
         conn = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
         try:
             while not stop.is_set():
+                before = time.monotonic()
                 random_workload(conn, "cdc_test_snapshot", 1, seed=len(commits), keys=20_000)
-                commits.append(time.monotonic())
+                commits.append((before, time.monotonic()))
         finally:
             conn.close()
 
@@ -432,7 +433,7 @@ def test_rows_changed_during_initial_snapshot_converge(
         stop.set()
         writer.join()
     began, ended = read_window
-    during = sum(1 for t in commits if began < t < ended)
+    during = sum(1 for before, after in commits if began < before and after < ended)
     assert during > 0, f"no write committed while the snapshot read ({len(commits)} writes in all)"
     catch_up(sync)
     assert assert_converged(spark, app_conn, "cdc_test_snapshot") > 15_000
@@ -1048,7 +1049,8 @@ TYPE_CASES = [
         dt.datetime(1970, 1, 1, 0, 0, 1, 1),
         dt.datetime(2000, 1, 1),
     ),
-    ("c_time", "TIME(3)", "'838:59:59.000'", "'-00:00:01.500'", "838:59:59.000", "-00:00:01.500"),
+    ("c_time", "TIME(3)", "'838:59:59.000'", "'-00:00:01.250'", "838:59:59.000", "-00:00:01.250"),
+    ("c_time6", "TIME(6)", "'-00:00:01.123456'", "'-00:00:00.25'", "-00:00:01.123456", "-00:00:00.250000"),
     ("c_time0", "TIME", "'-838:59:59'", "'00:00:00'", "-838:59:59", "00:00:00"),
     ("c_year", "YEAR", "2155", "0", 2155, 0),
     ("c_year_min", "YEAR", "1901", "2000", 1901, 2000),
@@ -1125,7 +1127,9 @@ def test_an_event_the_reader_cannot_decode_stops_the_sync_instead_of_retrying_fo
     sync = make_sync(pair)
     with app_conn.cursor() as cur:
         cur.execute(f"INSERT INTO {name} (id, name) VALUES ('fine', 'a')")
-        app_conn.commit()
+    app_conn.commit()
+    catch_up(sync)
+    with app_conn.cursor() as cur:
         cur.execute(f"INSERT INTO {name} (id, name, note) VALUES ('bad', 'b', 'poison')")
     app_conn.commit()
     deadline = time.monotonic() + 60

@@ -399,3 +399,58 @@ class _Events:
 
     def __iter__(self):
         return iter(self._events)
+
+
+@pytest.mark.parametrize(
+    ("decoded", "fsp", "text"),
+    [
+        # mysql-replication decodes a negative TIME2 fraction as its complement (-1.250 -> -1.75 s)
+        (-dt.timedelta(seconds=1, microseconds=750_000), 3, "-00:00:01.250"),
+        (-dt.timedelta(seconds=1, microseconds=876_544), 6, "-00:00:01.123456"),
+        (-dt.timedelta(microseconds=750_000), 3, "-00:00:00.250"),
+        (-dt.timedelta(seconds=1, microseconds=500_000), 1, "-00:00:01.5"),
+        (-dt.timedelta(hours=838, minutes=59, seconds=59), 0, "-838:59:59"),
+        (dt.timedelta(hours=1, minutes=2, seconds=3, microseconds=4000), 3, "01:02:03.004"),
+    ],
+)
+def test_time2_values_take_mysqls_text(decoded: dt.timedelta, fsp: int, text: str) -> None:
+    from pymysqlreplication.constants import FIELD_TYPE
+
+    from jobs.cdc.binlog_values import selected_row
+
+    column = _column("t", FIELD_TYPE.TIME2, fsp=fsp)
+    assert selected_row({"values": {"t": decoded}, "none_sources": {}}, [column])["values"]["t"] == text
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [  # MySQL's own output for a JSON double (SELECT CAST('[x]' AS JSON))
+        (2.5, "2.5"),
+        (3.0, "3.0"),
+        (-0.0, "-0.0"),
+        (0.00005, "0.00005"),
+        (2.5e-7, "0.00000025"),
+        (1e-16, "1e-16"),
+        (1e15, "1e15"),
+        (123456789012345.6, "123456789012345.6"),
+        (1e300, "1e300"),
+        (-2.5e-16, "-2.5e-16"),
+    ],
+)
+def test_json_doubles_print_as_mysql_prints_them(value: float, text: str) -> None:
+    from jobs.cdc.binlog_values import json_text
+
+    assert json_text(value) == text
+
+
+def test_json_opaque_temporals_and_char_bytes() -> None:
+    from pymysqlreplication.constants import FIELD_TYPE
+
+    from jobs.cdc.binlog_values import json_text, selected_row
+
+    assert json_text([dt.time(23, 24, 25), dt.datetime(2015, 1, 15, 23, 24, 25)]) == (
+        '["23:24:25.000000", "2015-01-15 23:24:25.000000"]'
+    )
+    # CHAR in a charset Python cannot decode stays bytes, unpadded: only BINARY(n) is padded.
+    char = _column("c", FIELD_TYPE.STRING, max_length=8, charset="swe7")
+    assert selected_row({"values": {"c": b"ab"}, "none_sources": {}}, [char])["values"]["c"] == b"ab"

@@ -17,7 +17,6 @@ import json
 import logging
 import queue
 import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -123,8 +122,9 @@ class BinlogGone(RuntimeError):
     """The stored position is no longer in the server's binlog (purged)."""
 
 
-# What a lost or refused connection raises (the socket, the driver, a packet cut short).
-CONNECTION_ERRORS = (pymysql.err.Error, OSError, EOFError, struct.error)
+# What a lost or refused connection raises: PyMySQL turns a short read or a socket (or TLS) error
+# into its own errors. (A struct.error comes from the library's decoders: a decoding failure.)
+CONNECTION_ERRORS = (pymysql.err.Error, OSError)
 UNDECODABLE_TRIES = 3
 
 
@@ -231,7 +231,7 @@ class BinlogReader:
 
     def _run(self) -> None:
         backoff = 0.5
-        undecodable = 0  # failures in a row that no connection problem explains
+        undecodable, failed_at = 0, None  # failures at one position that no connection problem explains
         while not self._stop.is_set():
             try:
                 self._check_settings()  # at every (re)connect: they may have changed meanwhile
@@ -251,7 +251,8 @@ class BinlogReader:
                 if not isinstance(exc, CONNECTION_ERRORS):
                     # Reading again from the same position meets the same event: after a few tries
                     # this is an event the reader cannot decode, not a connection to wait out.
-                    undecodable += 1
+                    undecodable = undecodable + 1 if failed_at == self.position else 1
+                    failed_at = self.position
                     if undecodable >= UNDECODABLE_TRIES:
                         self.fatal = UnreadableBinlog(
                             f"the event after {self.position} failed {undecodable} times in a row "
@@ -271,7 +272,7 @@ class BinlogReader:
                 self._stop.wait(backoff)
                 backoff = min(self._max_backoff, backoff * 2)
             else:
-                backoff, undecodable = 0.5, 0
+                backoff = 0.5
             finally:
                 if self._stream is not None:
                     try:

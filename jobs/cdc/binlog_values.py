@@ -63,7 +63,8 @@ def as_selected(values: dict, none_sources: dict, columns: list) -> dict:
 
 def _selected(value: object, column) -> object:
     kind = column.type
-    if column.character_set_name == "binary" and value == "":
+    binary = column.character_set_name == "binary"
+    if binary and value == "":
         value = b""  # the library hands over an empty binary string as ''
     if kind == FIELD_TYPE.BIT and isinstance(value, str):
         return int(value, 2).to_bytes((len(value) + 7) // 8, "big") if value else b""
@@ -73,13 +74,28 @@ def _selected(value: object, column) -> object:
         return None
     if kind == FIELD_TYPE.YEAR and value == 1900:
         return 0
-    if kind == FIELD_TYPE.STRING and isinstance(value, bytes):
+    if kind == FIELD_TYPE.STRING and binary and isinstance(value, bytes):
         return value.ljust(getattr(column, "max_length", 0), b"\x00")
     if kind in _TIMES and isinstance(value, dt.timedelta):
+        if kind == FIELD_TYPE.TIME2:
+            value = _negative_time2_fraction_fixed(value)
         return time_text(value, getattr(column, "fsp", 0) or 0)
     if kind == FIELD_TYPE.JSON and not isinstance(value, str):
         return json_text(value)
     return value
+
+
+def _negative_time2_fraction_fixed(value: dt.timedelta) -> dt.timedelta:
+    """mysql-replication decodes a negative TIME2's whole seconds and fraction separately, so
+    -00:00:01.250 arrives as -1.75 s: the fraction is the complement of the true one (only .5, its
+    own complement, comes out right). Whole seconds and positive values are decoded correctly."""
+    micros = value // dt.timedelta(microseconds=1)
+    if micros >= 0:
+        return value
+    seconds, fraction = divmod(-micros, 1_000_000)
+    if not fraction:
+        return value
+    return -dt.timedelta(seconds=seconds, microseconds=1_000_000 - fraction)
 
 
 def time_text(value: dt.timedelta, fsp: int) -> str:
@@ -114,9 +130,12 @@ def json_text(value: object) -> str:
         return format(value, "f")
     if isinstance(value, dt.datetime):
         return json.dumps(value.strftime("%Y-%m-%d %H:%M:%S.%f"))
-    if isinstance(value, (dt.date, dt.timedelta)):
-        text = value.isoformat() if isinstance(value, dt.date) else time_text(value, 6)
-        return json.dumps(text)
+    if isinstance(value, dt.date):
+        return json.dumps(value.isoformat())
+    if isinstance(value, dt.time):
+        return json.dumps(value.strftime("%H:%M:%S.%f"))
+    if isinstance(value, dt.timedelta):
+        return json.dumps(time_text(value, 6))
     return str(value)  # int
 
 
@@ -125,9 +144,22 @@ def _key(key: object) -> str:
 
 
 def _double_text(value: float) -> str:
-    """A JSON double as MySQL prints it: the shortest form that reads back (2.5, 1e300, 2.5e-7),
-    an integral value with `.0`."""
-    if math.isfinite(value) and value == int(value) and abs(value) < 1e15:
-        return f"{int(value)}.0"
-    mantissa, _, exponent = repr(value).partition("e")
-    return f"{mantissa}e{int(exponent)}" if exponent else mantissa
+    """A JSON double as MySQL prints it: the shortest digits that read back, in plain notation while
+    the decimal point falls within 15 places of them (0.00005, 123.5, 3.0), else in exponent
+    notation (1e15, 2.5e-16, 1e300); an integral plain value keeps `.0`."""
+    if not math.isfinite(value):
+        return repr(value)
+    sign = "-" if math.copysign(1.0, value) < 0 else ""
+    if value == 0:
+        return f"{sign}0.0"
+    _, digit_tuple, exponent = Decimal(repr(abs(value))).normalize().as_tuple()
+    digits = "".join(map(str, digit_tuple))
+    point = len(digits) + exponent  # where the decimal point falls, counted from the first digit
+    if -14 <= point <= 15:
+        if point <= 0:
+            return f"{sign}0.{'0' * -point}{digits}"
+        if point >= len(digits):
+            return f"{sign}{digits}{'0' * (point - len(digits))}.0"
+        return f"{sign}{digits[:point]}.{digits[point:]}"
+    mantissa = digits[0] + (f".{digits[1:]}" if len(digits) > 1 else "")
+    return f"{sign}{mantissa}e{point - 1}"
