@@ -126,6 +126,9 @@ class JobSettings:
     # Per streaming application (dev: the one; prod: each job's) and per batch job.
     streaming_resources: SparkResources
     batch_resources: SparkResources
+    # dev: the test-data generator is deployed (a state machine; the cluster may write clicktopic).
+    # prod: not deployed, and the cluster may only read clicktopic: real clicks come from the site.
+    deploy_gendata: bool
 
 
 @dataclass(frozen=True)
@@ -317,6 +320,7 @@ _DEV = DeploymentConfig(
         # again, so both fit on the two nodes and managed scaling has no reason to add more.
         streaming_resources=SparkResources("2g", "2g", 2, max_executors=2),
         batch_resources=SparkResources("2g", "2g", 2, max_executors=2),
+        deploy_gendata=True,
     ),
     log_retention_cap_days=30,
 )
@@ -389,6 +393,7 @@ _PROD = replace(
         # streaming applications at up to 2 x (4 cores, 8 GiB) each, batch jobs up to 3 executors.
         streaming_resources=SparkResources("4g", "8g", 4, max_executors=2),
         batch_resources=SparkResources("4g", "8g", 4, max_executors=3),
+        deploy_gendata=False,
     ),
     log_retention_cap_days=731,
 )

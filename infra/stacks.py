@@ -143,7 +143,7 @@ class ComputeStack(_LakehouseStack):
         lake.grant_lake_read_write(role)
         lake.grant_artifacts_read(role)
         lake.grant_emr_logs_write(role)
-        streaming.grant_produce_consume(role)
+        streaming.grant_consume(role, produce=config.jobs.deploy_gendata)
         source_database.grant_cdc_secret_read(role)
         # The jobs' per-batch metrics (jobs/common/metrics.py), in this environment's namespace only.
         role.add_to_principal_policy(
@@ -261,10 +261,10 @@ class JobsStack(_LakehouseStack):
             return  # parked
         CfnOutput(self, "StepSupervisorName", value=self.jobs.supervisor.function_name)
         CfnOutput(self, "StepSupervisorLogGroup", value=self.jobs.supervisor.log_group.log_group_name)
-        for job, machine in {
-            **self.jobs.batch_state_machines,
-            "gendata": self.jobs.gendata_state_machine,
-        }.items():
+        machines = dict(self.jobs.batch_state_machines)
+        if self.jobs.gendata_state_machine is not None:
+            machines["gendata"] = self.jobs.gendata_state_machine
+        for job, machine in machines.items():
             CfnOutput(self, f"{job.capitalize()}StateMachineArn", value=machine.state_machine_arn)
 
 

@@ -155,6 +155,12 @@ def test_submit_gendata_passes_count_and_rate_to_its_state_machine(session, depl
     assert refused.exit_code != 0 and "gendata needs --count N" in refused.output
 
 
+def test_gendata_is_refused_in_prod_where_it_is_not_deployed(session) -> None:
+    prod = DeploymentConfig.for_env("prod")
+    with pytest.raises(operate.OperateError, match="gendata is not deployed in prod"):
+        operate.submit(session, prod, {}, "gendata", {"count": "10", "rate": "1"})
+
+
 class CancelRecordingSession:
     """moto has no EMR CancelSteps: the session's EMR clients record the call instead."""
 

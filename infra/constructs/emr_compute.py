@@ -161,14 +161,32 @@ class EmrCompute(Construct):
             description="EMR EC2 instance profile role of the lakehouse cluster",
         )
         # Note: SSM Session Manager is how operators reach the primary node (Trino CLI, logs): no
-        # SSH key, no inbound port.
-        self.instance_role.add_managed_policy(
-            iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")
+        # SSH key, no inbound port. Only what Session Manager needs (AWS's documented minimal
+        # policy), not AmazonSSMManagedInstanceCore: that one also grants ssm:GetParameter(s) on
+        # every parameter of the account, other teams' SecureStrings included.
+        instances = aws_arn("ec2", "instance/*")
+        self.instance_role.add_to_policy(
+            iam.PolicyStatement(
+                sid="SessionManagerAgent", actions=["ssm:UpdateInstanceInformation"], resources=[instances]
+            )
         )
-        acknowledge(
+        self.instance_role.add_to_policy(
+            iam.PolicyStatement(
+                sid="SessionManagerChannels",
+                actions=[
+                    "ssmmessages:CreateControlChannel",
+                    "ssmmessages:CreateDataChannel",
+                    "ssmmessages:OpenControlChannel",
+                    "ssmmessages:OpenDataChannel",
+                ],
+                resources=["*"],
+            )
+        )
+        acknowledge_wildcard_resources(
             self.instance_role,
-            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore]",
-            "AWS managed policy for the SSM agent (Session Manager access to the nodes, no SSH)",
+            [instances, "*"],
+            "Session Manager's agent: it registers the instance it runs on (whose id is only known "
+            "at launch) and opens its session channels (ssmmessages has no resource-level permissions).",
         )
         emr_regional_bucket = aws_arn("s3", f"{Aws.REGION}.elasticmapreduce/*", region=False, account=False)
         self.instance_role.add_to_policy(

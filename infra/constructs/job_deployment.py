@@ -9,7 +9,8 @@
   safe. Failed steps are resubmitted with backoff, up to a cap per hour, then the topic is alerted.
 - Batch jobs (report daily, maintain hourly) run through a state machine each: add the step, wait
   for it (`.sync`), retry with backoff, alert the topic on failure. EventBridge Scheduler starts them.
-- gendata runs on demand through its own state machine (input: `{"count": "1000", "rate": "200"}`).
+- gendata (dev only, `JobSettings.deploy_gendata`) runs on demand through its own state machine
+  (input: `{"count": "1000", "rate": "200"}`).
 
 Never the cluster's `Steps` property or `AWS::EMR::Step`: both are create-only and cannot cancel a
 running step.
@@ -153,22 +154,24 @@ class JobDeployment(Construct):
                 schedule=expression,
                 target=scheduler_targets.StepFunctionsStartExecution(self.batch_state_machines[job]),
             )
-        # gendata: count and rate come from the execution input, so the step's arguments are built
-        # at run time (States.Array) and the step reads them from the state.
-        gendata_args = sfn.JsonPath.array(
-            *submit_args("gendata", BATCH_JOBS["gendata"]),
-            "--count",
-            sfn.JsonPath.string_at("$.count"),
-            "--rate",
-            sfn.JsonPath.string_at("$.rate"),
-        )
-        self.gendata_state_machine = self._batch_state_machine(
-            "gendata", cluster_id, None, alert_topic, log_retention, removal_policy, retries=0,
-            args_at_run_time=gendata_args,
-        )  # fmt: skip
+        if settings.deploy_gendata:
+            # gendata: count and rate come from the execution input, so the step's arguments are
+            # built at run time (States.Array) and the step reads them from the state.
+            gendata_args = sfn.JsonPath.array(
+                *submit_args("gendata", BATCH_JOBS["gendata"]),
+                "--count",
+                sfn.JsonPath.string_at("$.count"),
+                "--rate",
+                sfn.JsonPath.string_at("$.rate"),
+            )
+            self.gendata_state_machine = self._batch_state_machine(
+                "gendata", cluster_id, None, alert_topic, log_retention, removal_policy, retries=0,
+                args_at_run_time=gendata_args,
+            )  # fmt: skip
         # Nothing may start a step of this version before its archive is in S3.
         for dependent in (self.supervisor, self.gendata_state_machine, *self.batch_state_machines.values()):
-            dependent.node.add_dependency(self.upload)
+            if dependent is not None:
+                dependent.node.add_dependency(self.upload)
 
     # ---- streaming: the supervisor -------------------------------------------------------------
 

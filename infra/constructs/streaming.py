@@ -178,29 +178,24 @@ class Streaming(Construct):
         suffix = f"/{name}" if name else ""
         return aws_arn("kafka", f"{kind}/{self.cluster_name}/*{suffix}")
 
-    def grant_produce_consume(self, grantee: iam.IGrantable) -> None:
-        """IAM (kafka-cluster:*) access to `clicktopic` and the project's consumer groups."""
+    def grant_consume(self, grantee: iam.IGrantable, *, produce: bool) -> None:
+        """IAM (kafka-cluster:*) access to read `clicktopic` and the project's consumer groups; with
+        `produce`, to write it too (the test-data generator)."""
         principal = grantee.grant_principal
+        # WriteDataIdempotently: the producer (gendata) uses an idempotent producer.
+        writes_cluster = ["kafka-cluster:WriteDataIdempotently"] if produce else []
+        writes_topic = ["kafka-cluster:WriteData"] if produce else []
         principal.add_to_principal_policy(
             iam.PolicyStatement(
                 sid="MskConnect",
-                # WriteDataIdempotently: the producers (gendata) use an idempotent producer.
-                actions=[
-                    "kafka-cluster:Connect",
-                    "kafka-cluster:DescribeCluster",
-                    "kafka-cluster:WriteDataIdempotently",
-                ],
+                actions=["kafka-cluster:Connect", "kafka-cluster:DescribeCluster", *writes_cluster],
                 resources=[self._arn("cluster")],
             )
         )
         principal.add_to_principal_policy(
             iam.PolicyStatement(
                 sid="MskClickTopic",
-                actions=[
-                    "kafka-cluster:DescribeTopic",
-                    "kafka-cluster:ReadData",
-                    "kafka-cluster:WriteData",
-                ],
+                actions=["kafka-cluster:DescribeTopic", "kafka-cluster:ReadData", *writes_topic],
                 resources=[self._arn("topic", self.topic_name)],
             )
         )

@@ -215,6 +215,11 @@ def submit(session, config: DeploymentConfig, outputs: dict[str, str], job: str,
             f"{job} is a streaming job, kept running by the step supervisor: `lakehouse aws stop {job}` "
             "restarts it (the supervisor starts it again within its period)"
         )
+    if job == "gendata" and not config.jobs.deploy_gendata:
+        raise OperateError(
+            f"gendata is not deployed in {config.env_name}: the test-data generator exists in dev only, "
+            "and the cluster may not write clicktopic here"
+        )
     live_cluster(session, config, outputs)
     arn = outputs.get(f"{job.capitalize()}StateMachineArn")
     if not arn:

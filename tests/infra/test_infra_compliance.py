@@ -29,6 +29,12 @@ EXPLAINED_STAR_RESOURCES = {
     frozenset({"cloudwatch:PutMetricData"}): (
         "the jobs' metrics: no resource-level permissions; a cloudwatch:namespace condition limits it"
     ),
+    frozenset(
+        {
+            "ssmmessages:CreateControlChannel", "ssmmessages:CreateDataChannel",
+            "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel",
+        }
+    ): "Session Manager's session channels on the nodes: ssmmessages has no resource-level permissions",
 }  # fmt: skip
 # Resource policies (key, bucket, topic, secret policies) are not identity grants: "*" there means
 # "this resource". They are checked by cdk-nag instead.
@@ -124,6 +130,7 @@ def test_emr_instance_role_is_scoped_to_project_resources(synthesized):
         "Secret",  # the CDC secret (a reference)
         "Key",  # the EMR disk key (a reference)
         "InstanceRole",  # PassRole on itself
+        ":instance/*",  # Session Manager's agent registers the instance it runs on
     )
     actions_seen = set()
     for statement in role_policies:
@@ -131,8 +138,11 @@ def test_emr_instance_role_is_scoped_to_project_resources(synthesized):
         actions_seen |= set(_as_list(statement["Action"]))
         for resource in _as_list(statement["Resource"]):
             rendered = json.dumps(resource)
+            if rendered == '"*"' and statement.get("Sid") == "SessionManagerChannels":
+                assert all(a.startswith("ssmmessages:") for a in _as_list(statement["Action"]))
+                continue
             if rendered == '"*"':
-                # Only the metrics grant, and only inside this environment's namespace.
+                # Otherwise only the metrics grant, and only inside this environment's namespace.
                 assert statement["Action"] == "cloudwatch:PutMetricData", statement
                 namespace = {"StringEquals": {"cloudwatch:namespace": f"Lakehouse/{env}"}}
                 assert statement["Condition"] == namespace
@@ -146,7 +156,6 @@ def test_emr_instance_role_is_scoped_to_project_resources(synthesized):
     assert {
         "kafka-cluster:Connect",
         "kafka-cluster:ReadData",
-        "kafka-cluster:WriteData",
         "secretsmanager:GetSecretValue",
         "glue:CreateTable",
         "s3:PutObject",

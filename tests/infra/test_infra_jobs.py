@@ -198,12 +198,17 @@ def test_batch_jobs_run_on_schedule_through_state_machines_that_alert(synthesize
     template = synthesized.template("Jobs")
     machines = template.find_resources("AWS::StepFunctions::StateMachine")
     definitions = [_definition(m) for m in machines.values()]
-    for module in BATCH_JOBS.values():
+    deployed = {
+        job: m for job, m in BATCH_JOBS.items() if job != "gendata" or synthesized.config.jobs.deploy_gendata
+    }
+    for module in deployed.values():
         (definition,) = [d for d in definitions if module in d]
         assert "elasticmapreduce:addStep.sync" in definition
         assert "sns:publish" in definition  # the catch alerts the topic
-    (gendata,) = [d for d in definitions if "jobs.gendata" in d]
-    assert "States.Array" in gendata and "$.count" in gendata and "$.rate" in gendata
+    gendata = [d for d in definitions if "jobs.gendata" in d]
+    assert len(gendata) == (1 if synthesized.config.jobs.deploy_gendata else 0)  # dev only
+    for definition in gendata:
+        assert "States.Array" in definition and "$.count" in definition and "$.rate" in definition
     hour = synthesized.config.jobs.report_hour_utc
     template.has_resource_properties(
         "AWS::Scheduler::Schedule", {"ScheduleExpression": f"cron(30 {hour} * * ? *)"}
@@ -221,7 +226,8 @@ def test_step_functions_and_the_supervisor_touch_steps_of_this_cluster_only(synt
             actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
             if any(a.startswith("elasticmapreduce:") for a in actions):
                 emr_statements.append(statement)
-    assert len(emr_statements) == 4  # supervisor + report, maintain, gendata
+    # supervisor + report, maintain (+ gendata in dev)
+    assert len(emr_statements) == 3 + synthesized.config.jobs.deploy_gendata
     for statement in emr_statements:
         resource = json.dumps(statement["Resource"])
         assert "cluster/*" not in resource and "cluster/" in resource
@@ -234,7 +240,7 @@ def test_every_step_caps_its_executors(synthesized):
     resources = synthesized.config.jobs
     machines = synthesized.template("Jobs").find_resources("AWS::StepFunctions::StateMachine")
     definitions = [_definition(m) for m in machines.values() if "addStep.sync" in _definition(m)]
-    assert len(definitions) == 3  # report, maintain, gendata
+    assert len(definitions) == 2 + resources.deploy_gendata  # report, maintain (+ gendata in dev)
     for definition in definitions:
         for key, value in resources.batch_resources.submit_conf().items():
             assert f"{key}={value}" in definition

@@ -161,3 +161,61 @@ def test_rds_has_enhanced_monitoring_every_minute(synthesized) -> None:
     synthesized.template("SourceDatabase").has_resource_properties(
         "AWS::RDS::DBInstance", {"MonitoringInterval": 60, "MonitoringRoleArn": Match.any_value()}
     )
+
+
+# ---- who can do what: the cluster's own role ---------------------------------------------------------
+
+
+def _instance_role_statements(env) -> tuple[str, list[dict]]:
+    role_id = env.logical_id(env.stacks.compute.compute.instance_role)
+    statements = [
+        s
+        for concern, role, s in env.identity_statements()
+        if (concern, role.logical_id) == ("Compute", role_id) and s["Effect"] == "Allow"
+    ]
+    return role_id, statements
+
+
+def _allows(statement: dict, action: str) -> bool:
+    return any(fnmatch.fnmatchcase(action, pattern) for pattern in as_list(statement["Action"]))
+
+
+def test_no_role_reads_parameters_beyond_its_environments(synthesized):
+    """AmazonSSMManagedInstanceCore would let the cluster read every SSM parameter of the account
+    (other teams' SecureStrings included): the instance role carries no managed policy, and every
+    grant to read a parameter, of any role, names this environment's own."""
+    env = synthesized
+    role_id, statements = _instance_role_statements(env)
+    assert "ManagedPolicyArns" not in env.templates["Compute"]["Resources"][role_id]["Properties"]
+    assert any(_allows(s, "ssmmessages:OpenDataChannel") for s in statements)  # Session Manager still works
+    own = f":parameter/lakehouse/{env.config.env_name}/"
+    for concern, role, statement in env.identity_statements():
+        reads = ("ssm:GetParameter", "ssm:GetParameters", "ssm:GetParametersByPath")
+        if statement["Effect"] != "Allow" or not any(_allows(statement, a) for a in reads):
+            continue
+        for resource in as_list(statement["Resource"]):
+            rendered = re.sub(
+                r"\$\{(\w+)/(\w+)\}",
+                lambda m: _parameter_name(env, *m.groups()),
+                env.render(concern, resource),
+            )
+            assert own in rendered, f"{concern}/{role.logical_id} may read parameters {rendered}"
+
+
+def _parameter_name(env, concern: str, logical_id: str) -> str:
+    """A reference to an SSM parameter of the app, as the parameter's name."""
+    resource = env.templates[concern]["Resources"][logical_id]
+    assert resource["Type"] == "AWS::SSM::Parameter", f"{concern}/{logical_id} is a {resource['Type']}"
+    return resource["Properties"]["Name"]
+
+
+def test_only_dev_deploys_the_generator_and_lets_the_cluster_write_the_topic(dev, prod):
+    writes = ("kafka-cluster:WriteData", "kafka-cluster:WriteDataIdempotently")
+    for env, generator in ((dev, True), (prod, False)):
+        _, statements = _instance_role_statements(env)
+        assert any(_allows(s, a) for s in statements for a in writes) is generator, env.config.env_name
+        assert any(_allows(s, "kafka-cluster:ReadData") for s in statements)
+        machines = env.resources("Jobs", "AWS::StepFunctions::StateMachine")
+        named_gendata = [k for k in machines if k.startswith("JobsGendataJob")]
+        assert bool(named_gendata) is generator, (env.config.env_name, sorted(machines))
+        assert ("GendataStateMachineArn" in env.templates["Jobs"].get("Outputs", {})) is generator
