@@ -10,7 +10,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 DEMO_SECONDS ?= 120
 
-.PHONY: setup system jars cli scanner demo test test-fast bench synth rehearse lint package clean
+.PHONY: setup system jars cli scanner demo test bench synth rehearse lint package clean
 
 setup: system $(STAMP) jars cli scanner ## Install everything (idempotent; fast when done)
 
