@@ -405,36 +405,39 @@ def test_rows_changed_during_initial_snapshot_converge(
         )
     app_conn.commit()
     stop = threading.Event()
-    commits: list[tuple[float, float]] = []  # each of the writer's statements: (before, committed)
-    read_window: list[float] = []  # when the snapshot's read began and ended
     real_read_rows = snapshot.source_db.read_rows
+    inside: list[int] = []  # statements committed while the snapshot was half read
 
-    def timed_read_rows(*args, **kwargs):
-        read_window.append(time.monotonic())
-        yield from real_read_rows(*args, **kwargs)
-        read_window.append(time.monotonic())
+    def read_rows_with_writes_inside(*args, **kwargs):
+        # Half-way through the read, another connection changes rows and commits: the snapshot
+        # cannot see them (its read view is older), so only the binlog can bring them. Done here,
+        # at a known point, because a writer thread's timing against the read is luck (the GIL).
+        for n, row in enumerate(real_read_rows(*args, **kwargs)):
+            if n == 10_000:
+                conn = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
+                try:
+                    inside.append(random_workload(conn, "cdc_test_snapshot", 40, seed=11, keys=20_000))
+                finally:
+                    conn.close()
+            yield row
 
-    def churn() -> None:
+    def churn() -> None:  # and a writer that keeps going before, during and after the snapshot
         conn = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
         try:
             while not stop.is_set():
-                before = time.monotonic()
-                random_workload(conn, "cdc_test_snapshot", 1, seed=len(commits), keys=20_000)
-                commits.append((before, time.monotonic()))
+                random_workload(conn, "cdc_test_snapshot", 50, seed=int(time.time() * 1000), keys=20_000)
         finally:
             conn.close()
 
-    monkeypatch.setattr(snapshot.source_db, "read_rows", timed_read_rows)
+    monkeypatch.setattr(snapshot.source_db, "read_rows", read_rows_with_writes_inside)
     writer = threading.Thread(target=churn)
     writer.start()
     try:
-        sync = make_sync(pair)  # the snapshot is read while the writer keeps changing rows
+        sync = make_sync(pair)  # the snapshot is read while the writers change rows
     finally:
         stop.set()
         writer.join()
-    began, ended = read_window
-    during = sum(1 for before, after in commits if began < before and after < ended)
-    assert during > 0, f"no write committed while the snapshot read ({len(commits)} writes in all)"
+    assert inside and inside[0] >= 40, "no write committed while the snapshot read"
     catch_up(sync)
     assert assert_converged(spark, app_conn, "cdc_test_snapshot") > 15_000
 
