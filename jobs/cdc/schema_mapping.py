@@ -40,6 +40,11 @@ class SourceColumn:
     nullable: bool = True
 
     @property
+    def base_type(self) -> str:
+        """The MySQL type without its arguments and attributes: "float", "time", "varchar"."""
+        return _parse(self.column_type)[0]
+
+    @property
     def spark_type(self) -> str:
         try:
             return iceberg_type(self.column_type)
@@ -47,13 +52,18 @@ class SourceColumn:
             raise UnsupportedType(f"column `{self.name}`: {exc}") from None
 
 
-def iceberg_type(column_type: str) -> str:
-    """Spark SQL type (as created in Iceberg) for a MySQL COLUMN_TYPE string."""
-    text = column_type.strip().lower()
-    match = re.match(r"([a-z]+)\s*(?:\(([^)]*)\))?\s*(.*)", text)
+def _parse(column_type: str) -> tuple[str, str | None, str]:
+    """A MySQL COLUMN_TYPE as (base type, arguments, the rest): "int(10) unsigned" ->
+    ("int", "10", "unsigned")."""
+    match = re.match(r"([a-z]+)\s*(?:\(([^)]*)\))?\s*(.*)", column_type.strip().lower())
     if not match:
         raise UnsupportedType(f"cannot parse MySQL type {column_type!r}")
-    base, args, rest = match.group(1), match.group(2), match.group(3)
+    return match.group(1), match.group(2), match.group(3)
+
+
+def iceberg_type(column_type: str) -> str:
+    """Spark SQL type (as created in Iceberg) for a MySQL COLUMN_TYPE string."""
+    base, args, rest = _parse(column_type)
     unsigned = "unsigned" in rest
     if base in ("decimal", "numeric", "dec", "fixed"):
         parts = [int(p) for p in (args or "10,0").split(",")]

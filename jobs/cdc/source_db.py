@@ -253,10 +253,9 @@ def select_expression(column: SourceColumn) -> str:
     while the binlog holds its exact value. TIME: as MySQL's text, with the column's fractional
     digits (the driver's timedelta has no precision)."""
     quoted = "`" + column.name.replace("`", "``") + "`"
-    base = column.column_type.strip().lower().split("(")[0].split()[0]
-    if base == "float":
+    if column.base_type == "float":
         return f"CAST({quoted} AS DOUBLE)"
-    if base == "time":
+    if column.base_type == "time":
         return f"CAST({quoted} AS CHAR)"
     return quoted
 

@@ -72,8 +72,10 @@ class ObjectStore:
         self.process.wait_until(self.healthy, 60, f"S3 endpoint {self.endpoint}")
 
     def healthy(self) -> bool:
-        if not self.process.is_running():
-            return False
+        return self.process.is_running() and self.answers()
+
+    def answers(self) -> bool:
+        """Whether anything serves S3 at the endpoint."""
         try:
             urllib.request.urlopen(self.endpoint, timeout=2)
         except urllib.error.HTTPError:
