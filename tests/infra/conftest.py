@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from aws_cdk import App, CfnElement, Stack
 from aws_cdk.assertions import Template
+from cfn import as_list
 
 from infra.config import DeploymentConfig
 from infra.lakehouse_app import build_lakehouse, config_from_context
@@ -156,10 +157,10 @@ class SynthesizedEnv:
             actions = statement.get("Action", [])
             resources = statement.get("Resource", [])
             if statement["Effect"] != "Allow" or not any(
-                fnmatch.fnmatchcase(action, pattern) for pattern in _as_list(actions)
+                fnmatch.fnmatchcase(action, pattern) for pattern in as_list(actions)
             ):
                 continue
-            for value in _as_list(resources):
+            for value in as_list(resources):
                 target = None if value == "*" else self.try_resolve(where, value)
                 if value == "*" or (target and (target.concern, target.logical_id) == (concern, logical_id)):
                     found.add((role.concern, role.logical_id))
@@ -184,10 +185,6 @@ class SynthesizedEnv:
                 if entry.type == "aws:cdk:acknowledged-rules":
                     found += [(construct.node.path, rule, reason) for rule, reason in entry.data.items()]
         return found
-
-
-def _as_list(value) -> list:
-    return value if isinstance(value, list) else [value]
 
 
 def cdk_json_context() -> dict:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from aws_cdk import App, Stack
 from aws_cdk import aws_s3 as s3
+from cfn import as_list
 from cfnlint.api import lint
 
 from infra.nag import add_nag_checks
@@ -99,16 +100,12 @@ def _statements(template: dict) -> Iterator[tuple[str, dict]]:
                 yield logical_id, statement
 
 
-def _as_list(value) -> list:
-    return value if isinstance(value, list) else [value]
-
-
 def test_every_star_resource_is_explained(synthesized):
     unexplained = []
     for concern, template in synthesized.templates.items():
         for logical_id, statement in _statements(template):
-            if "*" in _as_list(statement.get("Resource", [])):
-                actions = frozenset(_as_list(statement["Action"]))
+            if "*" in as_list(statement.get("Resource", [])):
+                actions = frozenset(as_list(statement["Action"]))
                 if actions not in EXPLAINED_STAR_RESOURCES:
                     unexplained.append(f"{concern}/{logical_id}: {sorted(actions)}")
     assert not unexplained, "Resource '*' without a reason:\n" + "\n".join(unexplained)
@@ -135,11 +132,11 @@ def test_emr_instance_role_is_scoped_to_project_resources(synthesized):
     actions_seen = set()
     for statement in role_policies:
         assert statement["Effect"] == "Allow"
-        actions_seen |= set(_as_list(statement["Action"]))
-        for resource in _as_list(statement["Resource"]):
+        actions_seen |= set(as_list(statement["Action"]))
+        for resource in as_list(statement["Resource"]):
             rendered = json.dumps(resource)
             if rendered == '"*"' and statement.get("Sid") == "SessionManagerChannels":
-                assert all(a.startswith("ssmmessages:") for a in _as_list(statement["Action"]))
+                assert all(a.startswith("ssmmessages:") for a in as_list(statement["Action"]))
                 continue
             if rendered == '"*"':
                 # Otherwise only the metrics grant, and only inside this environment's namespace.

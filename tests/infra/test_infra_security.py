@@ -9,6 +9,7 @@ import ssl
 
 import pytest
 from aws_cdk.assertions import Match
+from cfn import as_list
 
 from jobs.config import RDS_CA_BUNDLE, LakehouseConfig
 
@@ -65,10 +66,6 @@ def test_every_log_group_is_encrypted_with_the_stacks_key(synthesized, concern: 
     logs_statement = next(s for s in statements if "Service" in s["Principal"])
     assert "kms:EncryptionContext:aws:logs:arn" in logs_statement["Condition"]["ArnLike"]
     assert keys[logs_key]["Properties"]["EnableKeyRotation"] is True
-
-
-def as_list(value) -> list:
-    return value if isinstance(value, list) else [value]
 
 
 def without_hash(logical_id: str) -> str:

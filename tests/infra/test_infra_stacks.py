@@ -6,6 +6,7 @@ import inspect
 import json
 
 from aws_cdk.assertions import Match
+from cfn import as_list
 
 from jobs.config import (
     CATALOG_NAME,
@@ -461,10 +462,6 @@ def test_every_publisher_to_the_alerts_topic_may_use_its_key(synthesized):
         for concern, role in publishers - env.grantees(action, "Monitoring", key_id)
     }
     assert not missing, sorted(missing)
-
-
-def as_list(value) -> list:
-    return value if isinstance(value, list) else [value]
 
 
 # ---- teardown ---------------------------------------------------------------------------------
