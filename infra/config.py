@@ -2,6 +2,9 @@
 
 `app.py` reads `-c env=dev|prod` once and builds a `DeploymentConfig`; constructs receive typed values
 from it and never read CDK context themselves. dev and prod differ only by the values below.
+Values are plain Python (days, hours, a `Removal` choice), never CDK types: `lakehouse aws ...` reads
+this config, and importing aws_cdk would start Node for every operator command. The constructs turn
+them into CDK types where they use them (`infra/cdk_values.py`).
 Shared names (catalog, namespaces, topic, source database) come from `jobs.config`, the model the
 jobs use, so the cluster and the jobs cannot disagree about them.
 """
@@ -9,9 +12,7 @@ jobs use, so the cluster and the jobs cannot disagree about them.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-
-from aws_cdk import Duration, RemovalPolicy
-from aws_cdk import aws_logs as logs
+from enum import StrEnum
 
 from jobs.config import ConfigError
 
@@ -28,33 +29,50 @@ KAFKA_VERSION = "3.8.x"
 EMR_TLS_CERTIFICATES_KEY = "security/emr-tls-certificates.zip"
 
 
+def az_context_key(account: str, region: str) -> str:
+    """The cdk.context.json key under which `lakehouse aws preflight --pin-azs` pins the AZs it chose
+    for an account/region; `infra/lakehouse_app.py` reads them from there."""
+    return f"lakehouse:availability-zones:account={account}:region={region}"
+
+
+class Removal(StrEnum):
+    """What `cdk destroy` (or a replacement) does to a resource that holds data: CDK's RemovalPolicy
+    as a plain value (`infra.cdk_values.removal_policy` converts it)."""
+
+    DESTROY = "destroy"
+    RETAIN = "retain"
+    SNAPSHOT = "snapshot"  # RDS: a final snapshot, then delete
+
+
 @dataclass(frozen=True)
 class NetworkSettings:
     vpc_cidr: str
     max_azs: int
     nat_gateways: int
-    flow_log_retention: logs.RetentionDays
+    flow_log_retention_days: int  # a CloudWatch Logs retention (1, 3, 5, 7, 14, 30, 60, 90, ...)
 
 
 @dataclass(frozen=True)
 class StorageSettings:
-    access_log_expiration: Duration
-    athena_results_expiration: Duration
+    access_log_expiration_days: int
+    athena_results_expiration_days: int
     # prod keeps every overwritten or deleted object (warehouse, artifacts) this long as a
     # noncurrent version: the undo window for a bad job or a mistaken delete. dev keeps none, so
     # `cdk destroy` empties the buckets in one pass and the demo pays for no old versions.
-    noncurrent_version_expiration: Duration | None
+    noncurrent_version_expiration_days: int | None
 
 
 @dataclass(frozen=True)
-class StreamingSettings:
+class KafkaSettings:
+    """The MSK cluster (infra/constructs/kafka_cluster.py)."""
+
     kafka_version: str
     broker_instance_type: str
     broker_count: int
     broker_volume_gib: int
     topic_replication_factor: int
     min_insync_replicas: int
-    broker_log_retention: logs.RetentionDays
+    broker_log_retention_days: int
     # How long the brokers keep records (log.retention.hours): an ingest that falls further behind
     # loses data, so its lag alarms at half of it.
     topic_retention_hours: int
@@ -67,7 +85,7 @@ class SourceDatabaseSettings:
     instance_class: str  # e.g. "t4g.micro" -> db.t4g.micro
     allocated_storage_gib: int
     max_allocated_storage_gib: int
-    backup_retention: Duration
+    backup_retention_days: int
     multi_az: bool
     deletion_protection: bool
 
@@ -84,7 +102,7 @@ class ComputeSettings:
     ebs_volume_gib: int
     step_concurrency_level: int
     # None: the cluster runs until deleted (prod runs the streaming jobs around the clock).
-    idle_timeout: Duration | None
+    idle_timeout_hours: int | None
     # dev generates a self-signed certificate for in-transit encryption at deploy time; prod
     # requires the operator's own and fails fast if it is missing.
     generate_tls_certificates: bool
@@ -116,11 +134,11 @@ class JobSettings:
     """How the jobs run on the cluster (infra/constructs/job_deployment.py)."""
 
     report_hour_utc: int  # the daily report runs at HH:30 UTC (for the day so far)
-    maintain_every: Duration
-    supervisor_every: Duration  # how often the step supervisor reconciles without an event
+    maintain_every_hours: int
+    supervisor_every_minutes: int  # how often the step supervisor reconciles without an event
     max_failures_per_hour: int  # a streaming job failing more often is given up and alerted
-    log_retention: logs.RetentionDays
-    # dev: CDC, ingest and views in one step (`jobs.streaming`: one driver on a small cluster);
+    log_retention_days: int
+    # dev: CDC, ingest and views in one step (`jobs.streaming.application`: one driver on a small cluster);
     # prod: a step each, so each restarts and scales alone.
     one_streaming_application: bool
     # Per streaming application (dev: the one; prod: each job's) and per batch job.
@@ -159,7 +177,7 @@ class DeploymentConfig:
     retain_data: bool
     network: NetworkSettings
     storage: StorageSettings
-    streaming: StreamingSettings
+    kafka: KafkaSettings
     source_database: SourceDatabaseSettings
     compute: ComputeSettings
     monitoring: MonitoringSettings
@@ -173,12 +191,12 @@ class DeploymentConfig:
     parked: bool = False
 
     @property
-    def removal_policy(self) -> RemovalPolicy:
-        return RemovalPolicy.RETAIN if self.retain_data else RemovalPolicy.DESTROY
+    def removal_policy(self) -> Removal:
+        return Removal.RETAIN if self.retain_data else Removal.DESTROY
 
     @property
-    def database_removal_policy(self) -> RemovalPolicy:
-        return RemovalPolicy.SNAPSHOT if self.retain_data else RemovalPolicy.DESTROY
+    def database_removal_policy(self) -> Removal:
+        return Removal.SNAPSHOT if self.retain_data else Removal.DESTROY
 
     @property
     def metrics_namespace(self) -> str:
@@ -258,21 +276,21 @@ _DEV = DeploymentConfig(
         vpc_cidr="10.40.0.0/16",
         max_azs=2,
         nat_gateways=1,
-        flow_log_retention=logs.RetentionDays.ONE_MONTH,
+        flow_log_retention_days=30,
     ),
     storage=StorageSettings(
-        access_log_expiration=Duration.days(30),
-        athena_results_expiration=Duration.days(7),
-        noncurrent_version_expiration=None,
+        access_log_expiration_days=30,
+        athena_results_expiration_days=7,
+        noncurrent_version_expiration_days=None,
     ),
-    streaming=StreamingSettings(
+    kafka=KafkaSettings(
         kafka_version=KAFKA_VERSION,
         broker_instance_type="kafka.t3.small",
         broker_count=2,
         broker_volume_gib=10,
         topic_replication_factor=2,
         min_insync_replicas=1,
-        broker_log_retention=logs.RetentionDays.ONE_WEEK,
+        broker_log_retention_days=7,
         topic_retention_hours=168,
         enhanced_monitoring="DEFAULT",
     ),
@@ -280,7 +298,7 @@ _DEV = DeploymentConfig(
         instance_class="t4g.micro",
         allocated_storage_gib=20,
         max_allocated_storage_gib=50,
-        backup_retention=Duration.days(1),
+        backup_retention_days=1,
         multi_az=False,
         deletion_protection=False,
     ),
@@ -295,7 +313,7 @@ _DEV = DeploymentConfig(
         ebs_volume_gib=64,
         step_concurrency_level=4,
         generate_tls_certificates=True,
-        idle_timeout=Duration.hours(2),
+        idle_timeout_hours=2,
     ),
     monitoring=MonitoringSettings(
         rds_free_storage_alarm_bytes=2 * 1024**3,
@@ -310,10 +328,10 @@ _DEV = DeploymentConfig(
     ),
     jobs=JobSettings(
         report_hour_utc=23,
-        maintain_every=Duration.hours(1),
-        supervisor_every=Duration.minutes(5),
+        maintain_every_hours=1,
+        supervisor_every_minutes=5,
         max_failures_per_hour=5,
-        log_retention=logs.RetentionDays.ONE_WEEK,
+        log_retention_days=7,
         one_streaming_application=True,
         # m5.xlarge: 4 vCPU, ~12 GiB for YARN per node; core + one Spot task node = 8 vCPU, 24 GiB.
         # Streaming: driver (~2.4 GiB with overhead) + 2 x 2.4 GiB; batch jobs beside it: the same
@@ -333,21 +351,21 @@ _PROD = replace(
         vpc_cidr="10.41.0.0/16",
         max_azs=3,
         nat_gateways=3,
-        flow_log_retention=logs.RetentionDays.ONE_YEAR,
+        flow_log_retention_days=365,
     ),
     storage=StorageSettings(
-        access_log_expiration=Duration.days(365),
-        athena_results_expiration=Duration.days(30),
-        noncurrent_version_expiration=Duration.days(30),
+        access_log_expiration_days=365,
+        athena_results_expiration_days=30,
+        noncurrent_version_expiration_days=30,
     ),
-    streaming=StreamingSettings(
+    kafka=KafkaSettings(
         kafka_version=KAFKA_VERSION,
         broker_instance_type="kafka.m7g.large",
         broker_count=3,
         broker_volume_gib=200,
         topic_replication_factor=3,
         min_insync_replicas=2,
-        broker_log_retention=logs.RetentionDays.THREE_MONTHS,
+        broker_log_retention_days=90,
         topic_retention_hours=168,
         enhanced_monitoring="PER_BROKER",
     ),
@@ -355,7 +373,7 @@ _PROD = replace(
         instance_class="m7g.large",
         allocated_storage_gib=100,
         max_allocated_storage_gib=500,
-        backup_retention=Duration.days(7),
+        backup_retention_days=7,
         multi_az=True,
         deletion_protection=True,
     ),
@@ -370,7 +388,7 @@ _PROD = replace(
         ebs_volume_gib=256,
         step_concurrency_level=10,
         generate_tls_certificates=False,
-        idle_timeout=None,
+        idle_timeout_hours=None,
     ),
     monitoring=MonitoringSettings(
         rds_free_storage_alarm_bytes=10 * 1024**3,
@@ -384,10 +402,10 @@ _PROD = replace(
     ),
     jobs=JobSettings(
         report_hour_utc=23,
-        maintain_every=Duration.hours(1),
-        supervisor_every=Duration.minutes(2),
+        maintain_every_hours=1,
+        supervisor_every_minutes=2,
         max_failures_per_hour=10,
-        log_retention=logs.RetentionDays.THREE_MONTHS,
+        log_retention_days=90,
         one_streaming_application=False,
         # m5.2xlarge: 8 vCPU, ~24 GiB for YARN per node; 3 core + 1 task = 32 vCPU, 96 GiB. Three
         # streaming applications at up to 2 x (4 cores, 8 GiB) each, batch jobs up to 3 executors.

@@ -2,8 +2,8 @@
 
 Every setting a job needs is an argument (`jobs.common.job_args`): nothing is looked up on the node.
 The jobs' code and dependencies come from the artifact set of `make package` at
-`s3://<artifacts>/emr/<version>/` (`lakehouse/emr_package.py`): `pyenv-<arch>.zip` is unpacked by
-YARN as `./pyenv` in every container and put on PYTHONPATH; `emr_step.py` dispatches to the job.
+`s3://<artifacts>/emr/<version>/` (`infra/emr_package.py`): `pyenv-<arch>.zip` is unpacked by
+YARN as `./pyenv` in every container and put on PYTHONPATH; `emr_step.py <job>` runs the job's `main`.
 """
 
 from __future__ import annotations
@@ -11,24 +11,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from jobs.registry import Kind, names
+
 ARTIFACTS_PREFIX = "emr"
 BOOTSTRAP_PREFIX = "bootstrap"
 STEP_NAME_PREFIX = "lakehouse-"
 STREAMING_STEPS_FILE = "streaming-steps.json"  # the step supervisor's desired steps, beside the archive
 
-# Long-running jobs kept alive by the step supervisor, and batch jobs run to completion.
-STREAMING_JOBS: Mapping[str, str] = {
-    "cdc": "jobs.cdc_sync",
-    "ingest": "jobs.clickstream_ingest",
-    "views": "jobs.product_views",
-}
-# The same three jobs in one Spark application (one step, one driver).
-STREAMING_APPLICATION: Mapping[str, str] = {"streaming": "jobs.streaming"}
-BATCH_JOBS: Mapping[str, str] = {
-    "report": "jobs.batch_report",
-    "maintain": "jobs.maintain",
-    "gendata": "jobs.gendata",
-}
+# Long-running jobs kept alive by the step supervisor, and batch jobs run to completion (jobs/registry.py).
+STREAMING_JOBS = names(Kind.STREAMING)
+# The same streaming jobs in one Spark application (one step, one driver).
+STREAMING_APPLICATION = names(Kind.APPLICATION)
+BATCH_JOBS = names(Kind.BATCH)
 
 
 @dataclass(frozen=True)
@@ -52,7 +46,7 @@ class JobArtifacts:
         return f"{self.prefix}/emr_step.py"
 
 
-def streaming_steps(one_application: bool) -> Mapping[str, str]:
+def streaming_steps(one_application: bool) -> tuple[str, ...]:
     """The supervisor's streaming steps: one application, or one step per job (each scales and
     restarts alone, at the cost of a driver each)."""
     return STREAMING_APPLICATION if one_application else STREAMING_JOBS
@@ -109,7 +103,6 @@ def replacing_step_args(job: str, submit: Sequence[str]) -> list[str]:
 def spark_submit_args(
     *,
     job: str,
-    module: str,
     artifacts: JobArtifacts,
     job_settings: Mapping[str, object],
     job_python: str,
@@ -142,7 +135,7 @@ def spark_submit_args(
         "spark.yarn.maxAppAttempts=1",
         *sizes,
         artifacts.entry_point_uri,
-        module,
+        job,
         *environment_args(job_settings),
         *job_args,
     ]

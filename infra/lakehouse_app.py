@@ -8,12 +8,11 @@ from collections.abc import Mapping
 
 from aws_cdk import App
 
-from infra.config import DeploymentConfig
+from infra import emr_package
+from infra.config import DeploymentConfig, az_context_key
 from infra.nag import add_nag_checks
 from infra.stacks import LakehouseStacks
 from jobs.config import ConfigError
-from lakehouse import emr_package
-from lakehouse.aws.preflight import az_context_key
 
 DEFAULT_ENV = "dev"
 

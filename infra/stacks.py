@@ -1,6 +1,6 @@
 """The stacks of one environment. Each composes constructs; cross-concern grants are wired here.
 
-Deploy order (dependencies): Lake -> Network -> Streaming -> SourceDatabase -> Compute -> Monitoring
+Deploy order (dependencies): Lake -> Network -> Streaming (Kafka) -> SourceDatabase -> Compute -> Monitoring
 -> Jobs. `cdk destroy` removes them in reverse, so the billed network (NAT gateway, interface
 endpoints) is gone before the buckets are emptied and deleted.
 """
@@ -16,20 +16,21 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
+from infra.cdk_values import removal_policy
 from infra.checkov import AcceptedLambdaFindings
 from infra.config import DeploymentConfig
 from infra.constructs.emr_compute import EmrCompute
 from infra.constructs.job_deployment import JobDeployment
+from infra.constructs.kafka_cluster import MSK_IAM_PORT, KafkaCluster
 from infra.constructs.lake_storage import LakeStorage
 from infra.constructs.monitoring import Monitoring
 from infra.constructs.network import Network
 from infra.constructs.pipeline_health import PipelineHealth
 from infra.constructs.source_database import MYSQL_PORT, SourceDatabase
-from infra.constructs.streaming import MSK_IAM_PORT, Streaming
+from infra.emr_package import architectures_for
 from infra.emr_steps import JobArtifacts
 from infra.log_groups import LogGroupPolicy
 from infra.nag import acknowledge
-from lakehouse.emr_package import architectures_for
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BOOTSTRAP_DIR = REPO_ROOT / "bootstrap"
@@ -59,7 +60,7 @@ class NetworkStack(_LakehouseStack):
             "Network",
             settings=config.network,
             availability_zones=config.availability_zones,
-            removal_policy=config.removal_policy,
+            removal_policy=removal_policy(config.removal_policy),
             parked=config.parked,
         )
 
@@ -72,24 +73,26 @@ class LakeStack(_LakehouseStack):
             "Lake",
             name_prefix=config.name_prefix,
             settings=config.storage,
-            removal_policy=config.removal_policy,
+            removal_policy=removal_policy(config.removal_policy),
         )
         CfnOutput(self, "WarehouseUri", value=self.lake.warehouse_uri)
         CfnOutput(self, "ArtifactsBucketName", value=self.lake.artifacts_bucket.bucket_name)
 
 
-class StreamingStack(_LakehouseStack):
+class KafkaStack(_LakehouseStack):
     def __init__(self, scope: Construct, config: DeploymentConfig, network: Network) -> None:
+        # Note: the stack (Lakehouse-<env>-Streaming) and construct ids keep their first name,
+        # "Streaming": renaming either would rename the deployed stack or replace the MSK cluster.
         super().__init__(scope, config, "Streaming", "MSK cluster and clicktopic")
-        self.streaming = Streaming(
+        self.kafka = KafkaCluster(
             self,
             "Streaming",
             vpc=network.vpc,
             subnets=network.private_subnets,
             cluster_name=config.resource_name("msk"),
             bootstrap_parameter_name=f"{config.parameter_prefix}/msk/bootstrap-brokers",
-            settings=config.streaming,
-            removal_policy=config.removal_policy,
+            settings=config.kafka,
+            removal_policy=removal_policy(config.removal_policy),
         )
 
 
@@ -103,7 +106,7 @@ class SourceDatabaseStack(_LakehouseStack):
             subnets=network.private_subnets,
             instance_identifier=config.resource_name("source-mysql"),
             settings=config.source_database,
-            removal_policy=config.database_removal_policy,
+            removal_policy=removal_policy(config.database_removal_policy),
         )
         CfnOutput(self, "MySqlHost", value=self.source_database.host)
         CfnOutput(self, "CdcSecretArn", value=self.source_database.cdc_secret.secret_arn)
@@ -117,7 +120,7 @@ class ComputeStack(_LakehouseStack):
         *,
         network: Network,
         lake: LakeStorage,
-        streaming: Streaming,
+        kafka: KafkaCluster,
         source_database: SourceDatabase,
     ) -> None:
         super().__init__(scope, config, "Compute", "EMR cluster (Spark, Hive, Trino)")
@@ -143,7 +146,7 @@ class ComputeStack(_LakehouseStack):
         lake.grant_lake_read_write(role)
         lake.grant_artifacts_read(role)
         lake.grant_emr_logs_write(role)
-        streaming.grant_consume(role, produce=config.jobs.deploy_gendata)
+        kafka.grant_consume(role, produce=config.jobs.deploy_gendata)
         source_database.grant_cdc_secret_read(role)
         # The jobs' per-batch metrics (jobs/common/metrics.py), in this environment's namespace only.
         role.add_to_principal_policy(
@@ -160,7 +163,7 @@ class ComputeStack(_LakehouseStack):
             "this environment's namespace by the cloudwatch:namespace condition.",
         )
         for group in self.compute.node_security_groups:
-            streaming.security_group.add_ingress_rule(
+            kafka.security_group.add_ingress_rule(
                 group, ec2.Port.tcp(MSK_IAM_PORT), "EMR to MSK (IAM/TLS)", True
             )
             source_database.security_group.add_ingress_rule(
@@ -173,7 +176,7 @@ class ComputeStack(_LakehouseStack):
         self.job_settings = {
             "env": config.env_name,
             "region": self.region,
-            "kafka_bootstrap": streaming.bootstrap_brokers,
+            "kafka_bootstrap": kafka.bootstrap_brokers,
             "kafka_auth": "iam",
             "mysql_host": source_database.host,
             "mysql_port": source_database.port,
@@ -200,7 +203,7 @@ class MonitoringStack(_LakehouseStack):
         config: DeploymentConfig,
         *,
         compute: EmrCompute,
-        streaming: Streaming,
+        kafka: KafkaCluster,
         source_database: SourceDatabase,
     ) -> None:
         super().__init__(scope, config, "Monitoring", "EMR failure events and storage alarms")
@@ -210,8 +213,8 @@ class MonitoringStack(_LakehouseStack):
             settings=config.monitoring,
             emr_cluster_id=compute.cluster_id,
             database=source_database.instance,
-            msk_cluster_name=streaming.cluster_name,
-            msk_broker_count=streaming.broker_count,
+            msk_cluster_name=kafka.cluster_name,
+            msk_broker_count=kafka.broker_count,
             database_stopped=config.parked,
         )
         self.pipeline_health = PipelineHealth(
@@ -219,10 +222,10 @@ class MonitoringStack(_LakehouseStack):
             "PipelineHealth",
             namespace=config.metrics_namespace,
             settings=config.monitoring.pipeline,
-            topic_retention_hours=config.streaming.topic_retention_hours,
+            topic_retention_hours=config.kafka.topic_retention_hours,
             topic=self.monitoring.topic,
-            msk_cluster_name=streaming.cluster_name,
-            msk_broker_count=streaming.broker_count,
+            msk_cluster_name=kafka.cluster_name,
+            msk_broker_count=kafka.broker_count,
             database=source_database.instance,
         )
         CfnOutput(self, "AlertsTopicArn", value=self.monitoring.topic.topic_arn)
@@ -253,7 +256,7 @@ class JobsStack(_LakehouseStack):
             job_python=config.compute.job_python,
             alert_topic=monitoring.topic,
             settings=config.jobs,
-            removal_policy=config.removal_policy,
+            removal_policy=removal_policy(config.removal_policy),
             metrics_namespace=config.metrics_namespace,
         )
         CfnOutput(self, "JobsVersion", value=package_dir.name)
@@ -277,24 +280,24 @@ class LakehouseStacks:
         # `cdk destroy` removes dependents first: the NAT gateway and endpoints go before the lake,
         # so a lake teardown that stops (a bucket that will not empty) leaves nothing billing.
         self.network.add_stack_dependency(self.lake)
-        self.streaming = StreamingStack(app, config, self.network.network)
+        self.kafka = KafkaStack(app, config, self.network.network)
         self.source_database = SourceDatabaseStack(app, config, self.network.network)
         self.compute = ComputeStack(
             app,
             config,
             network=self.network.network,
             lake=self.lake.lake,
-            streaming=self.streaming.streaming,
+            kafka=self.kafka.kafka,
             source_database=self.source_database.source_database,
         )
         # Compute refers to the lake and MSK by name (no cross-stack reference): order explicitly.
         self.compute.add_stack_dependency(self.lake)
-        self.compute.add_stack_dependency(self.streaming)
+        self.compute.add_stack_dependency(self.kafka)
         self.monitoring = MonitoringStack(
             app,
             config,
             compute=self.compute.compute,
-            streaming=self.streaming.streaming,
+            kafka=self.kafka.kafka,
             source_database=self.source_database.source_database,
         )
         (architecture,) = architectures_for(
@@ -311,7 +314,9 @@ class LakehouseStacks:
         )
         self.jobs.add_stack_dependency(self.lake)
         for stack in self.all:
-            Aspects.of(stack).add(LogGroupPolicy(config.removal_policy, config.log_retention_cap_days))
+            Aspects.of(stack).add(
+                LogGroupPolicy(removal_policy(config.removal_policy), config.log_retention_cap_days)
+            )
             Aspects.of(stack).add(AcceptedLambdaFindings())
             Tags.of(stack).add("project", "lakehouse")
             Tags.of(stack).add("environment", config.env_name)
@@ -321,7 +326,7 @@ class LakehouseStacks:
         return (
             self.network,
             self.lake,
-            self.streaming,
+            self.kafka,
             self.source_database,
             self.compute,
             self.monitoring,

@@ -10,19 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from lakehouse import emr_package
+from infra import emr_package
+from jobs.registry import JOBS
 
-JOB_MODULES = (
-    "jobs.clickstream_ingest",
-    "jobs.cdc_sync",
-    "jobs.product_views",
-    "jobs.batch_report",
-    "jobs.maintain",
-    "jobs.gendata",
-    "jobs.emr_step",
-    "jobs.streaming",
-)
+JOB_MODULES = (*(f"jobs.{name}.__main__" for name in JOBS), "jobs.emr_step")
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # builds the artifact set and installs it into a venv
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +68,7 @@ def test_the_archive_holds_the_jobs_and_their_dependencies_only(package):
         tops = {name.split("/")[0] for name in archive.namelist()}
     assert {"jobs", "confluent_kafka", "pymysqlreplication", "pyarrow", "aws_msk_iam_sasl_signer"} <= tops
     # The streaming application's scheduler pools travel with the module that names them.
-    from jobs.streaming import job_spark_conf
+    from jobs.streaming.application import job_spark_conf
 
     pools = Path(job_spark_conf()["spark.scheduler.allocation.file"]).relative_to(REPO)
     assert str(pools) in archive_names(package)

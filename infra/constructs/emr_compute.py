@@ -1,9 +1,10 @@
 """Compute: an EMR on EC2 7.x cluster (Spark, Hive, Trino) on the Glue Iceberg catalog.
 
-Seams for the later "ship jobs as EMR steps" issue: `cluster_id`, `artifacts_bucket`, `instance_role`
-and `job_settings` (the arguments of `jobs.config.LakehouseConfig.aws`). Steps are not defined
-here: CloudFormation EMR steps are create-only, so jobs are submitted after the cluster exists, with
-ActionOnFailure=CONTINUE because the step concurrency level is above 1.
+What the jobs need from it: `cluster_id` and `instance_role` (the Compute stack adds the grants and
+`job_settings`, the arguments of `jobs.config.LakehouseConfig.aws`). Steps are not defined here:
+CloudFormation EMR steps are create-only, so jobs are submitted after the cluster exists
+(infra/constructs/job_deployment.py), with ActionOnFailure=CONTINUE because the step concurrency
+level is above 1.
 """
 
 from __future__ import annotations
@@ -107,7 +108,39 @@ def _to_cfn_configuration(config: dict) -> emr.CfnCluster.ConfigurationProperty:
 
 
 class EmrCompute(Construct):
-    """EMR cluster, its roles, security configuration and the managed-SG cleanup on teardown."""
+    """EMR cluster, its roles, security configuration and the managed-SG cleanup on teardown.
+
+    Parked (`run_cluster=False`), everything but the cluster stays: `cluster` and `cluster_id` are None.
+    Also offered: `node_security_groups` (a property, below), the groups of the nodes that run job code.
+    """
+
+    #: The EMR-managed security groups of the primary node and of the core/task nodes (their rules
+    #: are EMR's), and of EMR's service access; `managed_security_groups` is all three.
+    primary_security_group: ec2.SecurityGroup
+    worker_security_group: ec2.SecurityGroup
+    service_access_security_group: ec2.SecurityGroup
+    managed_security_groups: tuple[ec2.SecurityGroup, ...]
+    #: The nodes' role: the Compute stack grants it the lake, MSK, the CDC secret and metrics.
+    instance_role: iam.Role
+    #: The nodes' instance profile, named like `instance_role`.
+    instance_profile: iam.CfnInstanceProfile
+    #: EMR's service role (AmazonEMRServicePolicy_v2).
+    service_role: iam.Role
+    #: The KMS key of the nodes' local disks and EBS volumes.
+    disk_key: kms.Key
+    #: Where the in-transit TLS certificate zip is (`s3://<artifacts>/security/...`), and the custom
+    #: resource that generates it (dev) or requires it (prod) before the cluster is created.
+    tls_certificates_uri: str
+    tls_certificates: CustomResource
+    #: The security configuration: at-rest and in-transit encryption, IMDSv2 only.
+    security_configuration: emr.CfnSecurityConfiguration
+    #: The upload of bootstrap/ to `s3://<artifacts>/bootstrap/` (done before the cluster starts).
+    bootstrap_upload: s3deploy.BucketDeployment
+    #: The cluster's physical name (`lakehouse-<env>-emr`), set even when parked.
+    cluster_name: str
+    #: The cluster and its id (a deploy-time token); None when parked.
+    cluster: emr.CfnCluster | None
+    cluster_id: str | None
 
     def __init__(
         self,
@@ -126,8 +159,6 @@ class EmrCompute(Construct):
         run_cluster: bool = True,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.artifacts_bucket_name = artifacts_bucket_name
-        self.settings = settings
 
         # ---- security groups: EMR manages their rules; the cleanup below undoes them on delete.
         self.primary_security_group = ec2.SecurityGroup(
@@ -318,8 +349,8 @@ class EmrCompute(Construct):
         self._managed_security_group_cleanup()
         self.cluster_name = cluster_name
         # Parked (dev): everything the cluster needs stays, the cluster goes.
-        self.cluster: emr.CfnCluster | None = None
-        self.cluster_id: str | None = None
+        self.cluster = None
+        self.cluster_id = None
         if run_cluster:
             self._cluster(vpc, subnets, cluster_name, settings, warehouse_uri, log_uri, bootstrap_actions)
 
@@ -410,9 +441,9 @@ class EmrCompute(Construct):
                 )
             ),
             auto_termination_policy=emr.CfnCluster.AutoTerminationPolicyProperty(
-                idle_timeout=int(settings.idle_timeout.to_seconds())
+                idle_timeout=settings.idle_timeout_hours * 3600
             )
-            if settings.idle_timeout
+            if settings.idle_timeout_hours
             else None,
             scale_down_behavior="TERMINATE_AT_TASK_COMPLETION",
             visible_to_all_users=True,

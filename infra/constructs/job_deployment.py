@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from aws_cdk import Annotations, Aws, Duration, Size, Stack, triggers
+from aws_cdk import Annotations, Aws, Duration, RemovalPolicy, Size, Stack, triggers
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as event_targets
 from aws_cdk import aws_iam as iam
@@ -37,6 +37,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from infra.bundling import python_function_code
+from infra.cdk_values import log_retention
 from infra.config import JobSettings
 from infra.constructs.pipeline_health import STEP_RESTARTS_METRIC
 from infra.emr_steps import (
@@ -58,6 +59,31 @@ from infra.nag import (
 
 
 class JobDeployment(Construct):
+    """The jobs' artifacts in S3, the step supervisor, the batch state machines and their schedules.
+
+    Parked (`cluster_id=None`), only the artifacts are uploaded: `supervisor` and
+    `gendata_state_machine` are None and `batch_state_machines` is empty.
+    """
+
+    #: Where this build of the jobs lives in the artifacts bucket (version, archive, entry point).
+    artifacts: JobArtifacts
+    #: The CloudWatch namespace of the supervisor's restart metric (`Lakehouse/<env>`).
+    metrics_namespace: str
+    #: The cluster's ARN, built from its id (the supervisor and state machines act on it alone).
+    cluster_arn: str
+    #: The supervisor's desired streaming steps ({"job", "version", "args"} each), and their S3 key
+    #: beside the archive (`emr/<version>/streaming-steps.json`).
+    streaming_steps: list[dict[str, object]]
+    streaming_steps_key: str
+    #: The upload of the artifact set and streaming-steps.json to `s3://<artifacts>/emr/<version>/`.
+    upload: s3deploy.BucketDeployment
+    #: The step supervisor Lambda; None when parked.
+    supervisor: lambda_.Function | None
+    #: The state machine of each scheduled batch job (report, maintain); empty when parked.
+    batch_state_machines: dict[str, sfn.StateMachine]
+    #: The on-demand test-data generator's state machine; None when parked or not deployed (prod).
+    gendata_state_machine: sfn.StateMachine | None
+
     def __init__(
         self,
         scope: Construct,
@@ -71,7 +97,7 @@ class JobDeployment(Construct):
         job_python: str,
         alert_topic: sns.ITopic,
         settings: JobSettings,
-        removal_policy,
+        removal_policy: RemovalPolicy,
         metrics_namespace: str,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -79,12 +105,11 @@ class JobDeployment(Construct):
         self.metrics_namespace = metrics_namespace
         self.cluster_arn = aws_arn("elasticmapreduce", f"cluster/{cluster_id}")
 
-        def submit_args(job: str, module: str, *extra: str) -> list[str]:
+        def submit_args(job: str, *extra: str) -> list[str]:
             streaming = job in streaming_steps(settings.one_streaming_application)
             resources = settings.streaming_resources if streaming else settings.batch_resources
             return spark_submit_args(
                 job=job,
-                module=module,
                 artifacts=artifacts,
                 job_settings=job_settings,
                 job_python=job_python,
@@ -99,9 +124,9 @@ class JobDeployment(Construct):
             {
                 "job": job,
                 "version": artifacts.version,
-                "args": replacing_step_args(job, submit_args(job, module)),
+                "args": replacing_step_args(job, submit_args(job)),
             }
-            for job, module in streaming_steps(settings.one_streaming_application).items()
+            for job in streaming_steps(settings.one_streaming_application)
         ]
         self.streaming_steps_key = f"{ARTIFACTS_PREFIX}/{artifacts.version}/{STREAMING_STEPS_FILE}"
 
@@ -122,30 +147,30 @@ class JobDeployment(Construct):
         acknowledge_bucket_deployment(
             self.upload, destination_bucket_name=nag_rendering(artifacts.bucket_name)
         )
-        self.supervisor: lambda_.Function | None = None
-        self.batch_state_machines: dict[str, sfn.StateMachine] = {}
-        self.gendata_state_machine: sfn.StateMachine | None = None
+        self.supervisor = None
+        self.batch_state_machines = {}
+        self.gendata_state_machine = None
         if cluster_id is None:
             return  # parked (dev): the artifacts stay current; nothing runs.
-        log_retention = settings.log_retention
+        retention = log_retention(settings.log_retention_days)
         self.supervisor = self._supervisor(cluster_id, alert_topic, settings, removal_policy)
 
         self.batch_state_machines = {
             job: self._batch_state_machine(
                 job,
                 cluster_id,
-                replacing_step_args(job, submit_args(job, module)),
+                replacing_step_args(job, submit_args(job)),
                 alert_topic,
-                log_retention,
+                retention,
                 removal_policy,
             )
-            for job, module in BATCH_JOBS.items()
+            for job in BATCH_JOBS
             if job != "gendata"
         }
         daily = scheduler.ScheduleExpression.cron(hour=str(settings.report_hour_utc), minute="30")
         for job, expression in (
             ("report", daily),
-            ("maintain", scheduler.ScheduleExpression.rate(settings.maintain_every)),
+            ("maintain", scheduler.ScheduleExpression.rate(Duration.hours(settings.maintain_every_hours))),
         ):
             scheduler.Schedule(
                 self,
@@ -158,14 +183,14 @@ class JobDeployment(Construct):
             # gendata: count and rate come from the execution input, so the step's arguments are
             # built at run time (States.Array) and the step reads them from the state.
             gendata_args = sfn.JsonPath.array(
-                *submit_args("gendata", BATCH_JOBS["gendata"]),
+                *submit_args("gendata"),
                 "--count",
                 sfn.JsonPath.string_at("$.count"),
                 "--rate",
                 sfn.JsonPath.string_at("$.rate"),
             )
             self.gendata_state_machine = self._batch_state_machine(
-                "gendata", cluster_id, None, alert_topic, log_retention, removal_policy, retries=0,
+                "gendata", cluster_id, None, alert_topic, retention, removal_policy, retries=0,
                 args_at_run_time=gendata_args,
             )  # fmt: skip
         # Nothing may start a step of this version before its archive is in S3.
@@ -177,8 +202,12 @@ class JobDeployment(Construct):
 
     def _supervisor(self, cluster_id, alert_topic, settings: JobSettings, removal_policy) -> lambda_.Function:
         log_group = logs.LogGroup(
-            self, "SupervisorLogs", retention=settings.log_retention, removal_policy=removal_policy
+            self,
+            "SupervisorLogs",
+            retention=log_retention(settings.log_retention_days),
+            removal_policy=removal_policy,
         )
+        every = Duration.minutes(settings.supervisor_every_minutes)
         # Each restart of a failed streaming step is one log line {"action": "start", "reason":
         # "restart after N failure(s) ..."}: counted for the restarts alarm (pipeline_health.py).
         logs.MetricFilter(
@@ -210,7 +239,7 @@ class JobDeployment(Construct):
                 "STREAMING_STEPS_S3_URI": f"s3://{self.artifacts.bucket_name}/{self.streaming_steps_key}",
                 "ALERT_TOPIC_ARN": alert_topic.topic_arn,
                 "MAX_FAILURES_PER_HOUR": str(settings.max_failures_per_hour),
-                "SCHEDULE_PERIOD_SECONDS": str(int(settings.supervisor_every.to_seconds())),
+                "SCHEDULE_PERIOD_SECONDS": str(int(every.to_seconds())),
             },
         )
         function.add_to_role_policy(
@@ -261,7 +290,7 @@ class JobDeployment(Construct):
             self,
             "SupervisorSchedule",
             description="Reconcile the streaming steps (step status events are best-effort)",
-            schedule=scheduler.ScheduleExpression.rate(settings.supervisor_every),
+            schedule=scheduler.ScheduleExpression.rate(every),
             target=scheduler_targets.LambdaInvoke(
                 function,
                 input=scheduler.ScheduleTargetInput.from_object({"reason": "schedule"}),
@@ -301,7 +330,7 @@ class JobDeployment(Construct):
         cluster_id: str,
         args: list[str] | None,
         alert_topic: sns.ITopic,
-        log_retention: logs.RetentionDays,
+        retention: logs.RetentionDays,
         removal_policy,
         retries: int = 2,
         args_at_run_time: str | None = None,
@@ -356,7 +385,7 @@ class JobDeployment(Construct):
         )
         failed = sfn.Fail(scope, "Failed", cause=f"{job} step failed")
         run.add_catch(alert.next(failed), result_path="$.error")
-        log_group = logs.LogGroup(scope, "Logs", retention=log_retention, removal_policy=removal_policy)
+        log_group = logs.LogGroup(scope, "Logs", retention=retention, removal_policy=removal_policy)
         machine = sfn.StateMachine(
             scope,
             "StateMachine",

@@ -52,7 +52,31 @@ GLUE_WRITE_ACTIONS = (
 
 
 class LakeStorage(Construct):
-    """Warehouse, artifacts and logs buckets; Glue databases in the warehouse; an Athena workgroup."""
+    """Warehouse, artifacts and logs buckets; Glue databases in the warehouse; an Athena workgroup.
+
+    Other stacks reach the buckets by name (deterministic, see `bucket_name`), never by reference.
+    """
+
+    #: The buckets' names: logs (access logs, EMR logs), warehouse (Iceberg tables, checkpoints,
+    #: Athena results) and artifacts (job code, bootstrap scripts, EMR TLS certificates).
+    logs_bucket_name: str
+    warehouse_bucket_name: str
+    artifacts_bucket_name: str
+    #: The buckets themselves, in this stack.
+    logs_bucket: s3.Bucket
+    warehouse_bucket: s3.Bucket
+    artifacts_bucket: s3.Bucket
+    #: `s3://<warehouse bucket>/warehouse`: the Iceberg catalog's warehouse.
+    warehouse_uri: str
+    #: `s3://<logs bucket>/emr/`: the EMR cluster's log URI.
+    emr_log_uri: str
+    #: `s3://<warehouse bucket>/checkpoints`: the streaming jobs' checkpoints.
+    checkpoint_uri: str
+    #: The Iceberg namespaces (jobs.config.NAMESPACES), one Glue database each, by namespace.
+    database_names: tuple[str, ...]
+    databases: dict[str, glue.CfnDatabase]
+    #: The Athena workgroup for ad-hoc SQL (`lakehouse-<env>-adhoc`), results in the warehouse bucket.
+    athena_workgroup: athena.CfnWorkGroup
 
     def __init__(
         self,
@@ -84,7 +108,7 @@ class LakeStorage(Construct):
             lifecycle_rules=[
                 s3.LifecycleRule(
                     id="expire-logs",
-                    expiration=settings.access_log_expiration,
+                    expiration=Duration.days(settings.access_log_expiration_days),
                     abort_incomplete_multipart_upload_after=Duration.days(7),
                 )
             ],
@@ -106,7 +130,11 @@ class LakeStorage(Construct):
             "CKV_AWS_21",
             "Logs are written once by AWS services and expire; nothing overwrites them to undo.",
         )
-        versions = settings.noncurrent_version_expiration
+        versions = (
+            Duration.days(settings.noncurrent_version_expiration_days)
+            if settings.noncurrent_version_expiration_days is not None
+            else None
+        )
         # Note: access logs arrive minutes to hours late, so the logs of the auto-delete's own calls
         # land in an auto-deleted logs bucket after it was emptied: DeleteBucket then fails with
         # BucketNotEmpty and `cdk destroy` stops. Only a retained logs bucket receives access logs.
@@ -157,7 +185,7 @@ class LakeStorage(Construct):
                 s3.LifecycleRule(
                     id="expire-athena-results",
                     prefix=f"{ATHENA_RESULTS_PREFIX}/",
-                    expiration=settings.athena_results_expiration,
+                    expiration=Duration.days(settings.athena_results_expiration_days),
                 )
             ],
         )
@@ -171,8 +199,8 @@ class LakeStorage(Construct):
 
         # Glue databases must exist before Spark creates Iceberg tables; each is located in the
         # warehouse where Iceberg's GlueCatalog would put it by default (<warehouse>/<db>.db).
-        self.database_names: tuple[str, ...] = NAMESPACES
-        self.databases: dict[str, glue.CfnDatabase] = {}
+        self.database_names = NAMESPACES
+        self.databases = {}
         for namespace in NAMESPACES:
             database = glue.CfnDatabase(
                 self,

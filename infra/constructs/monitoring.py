@@ -22,6 +22,15 @@ EMR_FAILURE_STATES = ("FAILED", "TERMINATED_WITH_ERRORS")
 class Monitoring(Construct):
     """EventBridge rule on EMR step/cluster failure; alarms on RDS free storage and MSK disk use."""
 
+    #: The alerts topic (KMS-encrypted): every alarm and failure rule of the pipeline publishes here.
+    topic: sns.Topic
+    #: The rule on failed EMR steps and clusters; None when parked (no cluster).
+    emr_failure_rule: events.Rule | None
+    #: The source database's free storage alarm (missing data ignored while parked and stopped).
+    rds_free_storage_alarm: cloudwatch.Alarm
+    #: One disk-used alarm per MSK broker.
+    msk_disk_alarms: list[cloudwatch.Alarm]
+
     def __init__(
         self,
         scope: Construct,

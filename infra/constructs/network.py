@@ -7,6 +7,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from infra.cdk_values import log_retention
 from infra.config import NetworkSettings
 from infra.nag import acknowledge
 
@@ -17,6 +18,11 @@ PRIVATE_SUBNET_GROUP = "private"
 
 class Network(Construct):
     """VPC, NAT, S3 gateway endpoint, interface endpoints for EMR/Secrets Manager/Glue, flow logs."""
+
+    #: The VPC (parked: the same VPC, without NAT gateways and interface endpoints).
+    vpc: ec2.Vpc
+    #: Where MSK, RDS, EMR and the in-VPC Lambdas go: the private subnet group (isolated when parked).
+    private_subnets: ec2.SubnetSelection
 
     def __init__(
         self,
@@ -31,7 +37,10 @@ class Network(Construct):
         super().__init__(scope, construct_id)
 
         flow_log_group = logs.LogGroup(
-            self, "FlowLogs", retention=settings.flow_log_retention, removal_policy=removal_policy
+            self,
+            "FlowLogs",
+            retention=log_retention(settings.flow_log_retention_days),
+            removal_policy=removal_policy,
         )
         # Note: AZ names are literal when the stack is bound to an account/region (no lookup);
         # otherwise they are Fn::GetAZs picks resolved at deploy time, because an agnostic stack

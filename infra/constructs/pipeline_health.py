@@ -26,6 +26,17 @@ STEP_RESTARTS_METRIC = "StreamingStepRestarts"
 
 
 class PipelineHealth(Construct):
+    """Alarms on freshness, uncommitted clicks, rejects, step restarts and ingest lag; a dashboard."""
+
+    #: The CloudWatch namespace of the jobs' and the supervisor's metrics (`Lakehouse/<env>`).
+    namespace: str
+    #: Every alarm of the pipeline by construct id (`Freshness-<table>`, `ClicksNotCommitted`, ...).
+    alarms: dict[str, cloudwatch.Alarm]
+    #: The ingest lag that alarms: half the brokers' retention, in seconds.
+    half_retention_seconds: int
+    #: The pipeline's dashboard (freshness, clicks, CDC, ingest, restarts, MSK, RDS, alarms).
+    dashboard: cloudwatch.Dashboard
+
     def __init__(
         self,
         scope: Construct,

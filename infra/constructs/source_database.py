@@ -15,12 +15,12 @@ from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
+from infra import seed_data
 from infra.bundling import python_function_code
 from infra.checkov import skip_check
 from infra.config import SourceDatabaseSettings
 from infra.nag import acknowledge, acknowledge_custom_resource_function
 from jobs.config import RDS_CA_BUNDLE, SOURCE_DATABASE
-from lakehouse import seed_data
 
 # Supported, non-deprecated MySQL 8.0 minor available in aws-cdk-lib 2.275.0.
 # MySQL 8.4 (LTS): 8.0's standard support ended 2026-07-31, and new 8.0 instances are enrolled in
@@ -46,6 +46,24 @@ PASSWORD_EXCLUDED_CHARACTERS = "\"'@/\\` %:;&"
 class SourceDatabase(Construct):
     """RDS MySQL (`user_db`) for CDC: binlog parameters, admin + CDC secrets, seeded on deploy."""
 
+    #: The database the CDC job reads (`user_db`, jobs.config.SOURCE_DATABASE).
+    database_name: str
+    #: The instance's security group; the Compute stack admits the EMR nodes to it on MYSQL_PORT.
+    security_group: ec2.SecurityGroup
+    #: The RDS instance (parked: stopped by `lakehouse aws park`, still in the template).
+    instance: rds.DatabaseInstance
+    #: The endpoint's address and port (deploy-time tokens).
+    host: str
+    port: str
+    #: The KMS key of both secrets: a reader needs it granted too (`grant_cdc_secret_read`).
+    secrets_key: kms.Key
+    #: The generated admin credentials (only the seeding Lambda reads them).
+    admin_secret: secretsmanager.ISecret
+    #: The CDC user's credentials, with host, port and dbname: all a CDC job needs is its ARN.
+    cdc_secret: secretsmanager.Secret
+    #: The seeding custom resource (tables, rows and the CDC user, on every deploy).
+    seed: CustomResource
+
     def __init__(
         self,
         scope: Construct,
@@ -59,7 +77,6 @@ class SourceDatabase(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self.database_name = SOURCE_DATABASE
-        self.port = MYSQL_PORT
 
         self.security_group = ec2.SecurityGroup(
             self, "SecurityGroup", vpc=vpc, description="RDS MySQL source", allow_all_outbound=False
@@ -133,7 +150,7 @@ class SourceDatabase(Construct):
             iam_authentication=True,
             multi_az=settings.multi_az,
             deletion_protection=settings.deletion_protection,
-            backup_retention=settings.backup_retention,
+            backup_retention=Duration.days(settings.backup_retention_days),
             delete_automated_backups=removal_policy != RemovalPolicy.SNAPSHOT,
             cloudwatch_logs_exports=list(RDS_LOG_EXPORTS),
             # OS metrics every minute (CPU steal, memory, disk queue): what CloudWatch's hypervisor

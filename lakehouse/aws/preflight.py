@@ -15,6 +15,8 @@ from pathlib import Path
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from infra.config import az_context_key
+
 # Zone IDs where MSK cannot place brokers (AWS MSK docs: "use1-az3" in us-east-1).
 MSK_UNSUPPORTED_ZONE_IDS = frozenset({"use1-az3"})
 # The interface endpoints the network stack creates (they must exist in every chosen AZ).
@@ -36,10 +38,6 @@ class Check:
     ok: bool
     found: str
     fix: str = ""
-
-
-def az_context_key(account: str, region: str) -> str:
-    return f"lakehouse:availability-zones:account={account}:region={region}"
 
 
 def choose_azs(

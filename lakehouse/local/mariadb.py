@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pymysql
 
+from infra import seed_data
 from jobs.config import SOURCE_DATABASE
-from lakehouse import seed_data
 from lakehouse.local.process import ManagedProcess, StackError
 from lakehouse.local.settings import StackSettings
 from lakehouse.local.tls import ServerTls, ensure_server_tls
@@ -19,7 +19,7 @@ from lakehouse.local.tls import ServerTls, ensure_server_tls
 APP_USER = "lakehouse_app"
 CDC_USER = "lakehouse_cdc"
 
-# The seed is shared with the RDS seeding Lambda (lakehouse/seed_data.py).
+# The seed is shared with the RDS seeding Lambda (infra/seed_data.py).
 SEED = {
     "products": (seed_data.PRODUCTS_DDL, seed_data.INSERT_PRODUCT, seed_data.PRODUCT_ROWS),
     "user_member": (seed_data.USER_MEMBER_DDL, seed_data.INSERT_USER_MEMBER, seed_data.USER_MEMBER_ROWS),

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from jobs.common.spark_session import local_spark_jars, spark_conf
 from jobs.config import CATALOG_NAME, LakehouseConfig
-from jobs.spark_session import local_spark_jars, spark_conf
 from lakehouse.local.catalog import ensure_catalog
 from lakehouse.rehearsal.assembly import CloudAssembly, Resolver
 from lakehouse.rehearsal.emr_node import cluster_configurations, install_iceberg_jars, render_spark_defaults

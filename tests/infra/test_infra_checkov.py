@@ -11,6 +11,8 @@ import pytest
 
 from infra.checkov import LAMBDA_FINDINGS
 
+pytestmark = pytest.mark.slow  # runs checkov (its own venv) over both environments
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHECKOV = REPO_ROOT / ".tools" / "checkov" / "bin" / "checkov"
 CONCERNS = ("Network", "Lake", "Streaming", "SourceDatabase", "Compute", "Monitoring", "Jobs")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
-from aws_cdk import App, RemovalPolicy
+from aws_cdk import App
 
-from infra.config import DeploymentConfig
+from infra.config import DeploymentConfig, Removal
 from infra.lakehouse_app import config_from_context
 from jobs.config import ConfigError
 
@@ -62,13 +64,13 @@ def test_half_an_environment_stays_agnostic():
 def test_dev_and_prod_differ_by_values_and_prod_keeps_data():
     dev, prod = DeploymentConfig.for_env("dev"), DeploymentConfig.for_env("prod")
     assert [f.name for f in dataclasses.fields(dev)] == [f.name for f in dataclasses.fields(prod)]
-    assert dev.removal_policy == RemovalPolicy.DESTROY
-    assert dev.database_removal_policy == RemovalPolicy.DESTROY
-    assert prod.removal_policy == RemovalPolicy.RETAIN
-    assert prod.database_removal_policy == RemovalPolicy.SNAPSHOT
+    assert dev.removal_policy == Removal.DESTROY
+    assert dev.database_removal_policy == Removal.DESTROY
+    assert prod.removal_policy == Removal.RETAIN
+    assert prod.database_removal_policy == Removal.SNAPSHOT
     assert (dev.network.max_azs, prod.network.max_azs) == (2, 3)
     assert dev.network.nat_gateways == 1
-    assert dev.compute.idle_timeout is not None and prod.compute.idle_timeout is None
+    assert dev.compute.idle_timeout_hours is not None and prod.compute.idle_timeout_hours is None
     assert dev.compute.task_spot_units > 0
     assert dev.compute.release_label == prod.compute.release_label == "emr-7.14.0"
 
@@ -101,3 +103,48 @@ def test_account_bound_synth_needs_no_lookup(tmp_path):
         if r["Type"] == "AWS::EC2::Subnet"
     }
     assert azs == {"us-east-1b", "us-east-1c", "us-east-1d"}
+
+
+def test_operator_commands_never_load_the_cdk():
+    """`lakehouse aws ...` reads the config; importing aws_cdk would start Node through jsii for
+    every command. The positive control: the CDK app's own modules do load it."""
+    probe = (
+        "import importlib, sys; importlib.import_module(sys.argv[1]); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'aws_cdk', 'jsii', 'constructs'}))"
+    )
+    operator_modules = (
+        "lakehouse.cli",
+        "lakehouse.aws.operate",
+        "lakehouse.aws.park",
+        "lakehouse.aws.preflight",
+        "infra.config",
+        "infra.emr_steps",
+        "infra.emr_package",
+        "infra.seed_data",
+    )
+    for module in (*operator_modules, "infra.cdk_values"):
+        loaded = subprocess.run(
+            [sys.executable, "-c", probe, module], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        expected = "[]" if module in operator_modules else "['aws_cdk', 'constructs', 'jsii']"
+        assert loaded == expected, f"{module} loads {loaded}"
+
+
+def test_plain_config_values_convert_to_cdk_types():
+    from aws_cdk import RemovalPolicy
+    from aws_cdk import aws_logs as logs
+
+    from infra.cdk_values import log_retention, removal_policy
+
+    assert removal_policy(Removal.SNAPSHOT) == RemovalPolicy.SNAPSHOT
+    assert log_retention(7) == logs.RetentionDays.ONE_WEEK
+    with pytest.raises(ValueError, match="CloudWatch Logs accepts 1, 3, 5, 7"):
+        log_retention(10)
+    for env in ("dev", "prod"):
+        config = DeploymentConfig.for_env(env)
+        for days in (
+            config.network.flow_log_retention_days,
+            config.kafka.broker_log_retention_days,
+            config.jobs.log_retention_days,
+        ):
+            log_retention(days)  # every configured retention is one CloudWatch accepts

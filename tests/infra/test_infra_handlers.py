@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from lakehouse import seed_data
+from infra import seed_data
 
 LAMBDAS = Path(__file__).resolve().parents[2] / "infra" / "lambdas"
 
 
 def _load(handler_dir: str):
     """Import a handler the way Lambda does: its directory, and the shared modules the bundle
-    copies next to it (lakehouse/seed_data.py), on sys.path."""
+    copies next to it (infra/seed_data.py), on sys.path."""
     directory = str(LAMBDAS / handler_dir)
     shared = str(Path(seed_data.__file__).parent)
     sys.path[:0] = [directory, shared]

@@ -5,6 +5,7 @@ alerts and least-privilege IAM."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from aws_cdk.assertions import Match
@@ -45,7 +46,7 @@ def _definition(machine_resource: dict) -> str:
 def test_step_arguments_ship_the_archive_and_pass_every_setting():
     artifacts = JobArtifacts("bucket", "abc123", "x86_64")
     args = spark_submit_args(
-        job="ingest", module="jobs.clickstream_ingest", artifacts=artifacts, job_settings=SETTINGS,
+        job="ingest", artifacts=artifacts, job_settings=SETTINGS,
         job_python="/usr/bin/python3.11", job_args=("--trigger-seconds", "2"),
     )  # fmt: skip
     assert args[:3] == ["spark-submit", "--deploy-mode", "cluster"]
@@ -53,7 +54,7 @@ def test_step_arguments_ship_the_archive_and_pass_every_setting():
     assert "spark.executorEnv.PYTHONPATH=./pyenv" in args
     assert "spark.yarn.appMasterEnv.PYSPARK_PYTHON=/usr/bin/python3.11" in args
     entry = args.index("s3://bucket/emr/abc123/emr_step.py")
-    assert args[entry + 1] == "jobs.clickstream_ingest"
+    assert args[entry + 1] == "ingest"  # emr_step.py runs the job of that name (jobs/registry.py)
     job_args = args[entry + 2 :]
     for flag, key in (
         ("--kafka-bootstrap", "kafka_bootstrap"),
@@ -69,15 +70,14 @@ def test_job_arguments_parse_with_each_jobs_own_parser():
     import importlib
 
     artifacts = JobArtifacts("bucket", "v1", "x86_64")
-    for job, module in {**STREAMING_JOBS, **STREAMING_APPLICATION, **BATCH_JOBS}.items():
+    for job in (*STREAMING_JOBS, *STREAMING_APPLICATION, *BATCH_JOBS):
         extra = ("--count", "10") if job == "gendata" else ()
         args = spark_submit_args(
-            job=job, module=module, artifacts=artifacts, job_settings=SETTINGS, job_python="python3",
-            job_args=extra,
+            job=job, artifacts=artifacts, job_settings=SETTINGS, job_python="python3", job_args=extra,
         )  # fmt: skip
-        job_args = args[args.index(module) + 1 :]
-        parsed = importlib.import_module(module).parse_args(job_args)
-        parsed = parsed[0] if isinstance(parsed, tuple) else parsed  # cdc_sync also returns its own args
+        job_args = args[args.index(artifacts.entry_point_uri) + 2 :]
+        parsed = importlib.import_module(f"jobs.{job}.__main__").parse_args(job_args)
+        parsed = parsed[0] if isinstance(parsed, tuple) else parsed  # cdc also returns its own args
         assert (parsed.env, parsed.kafka_bootstrap, parsed.mysql_port) == ("dev", "b-1:9098,b-2:9098", 3306)
 
 
@@ -128,12 +128,13 @@ def test_the_supervisor_runs_every_streaming_job_of_this_version(synthesized):
     steps = {s["job"]: s for s in deployment.streaming_steps}
     expected = streaming_steps(synthesized.config.jobs.one_streaming_application)
     assert set(steps) == set(expected)
-    for job, module in expected.items():
+    for job in expected:
         args = steps[job]["args"]
         assert steps[job]["version"] == deployment.artifacts.version
         # The step first stops the job's running YARN application, then runs spark-submit.
         assert args[:2] == ["bash", "-c"] and args[4] == f"lakehouse-{job}"
-        assert args[5:8] == ["spark-submit", "--deploy-mode", "cluster"] and module in args
+        assert args[5:8] == ["spark-submit", "--deploy-mode", "cluster"]
+        assert args[args.index(deployment.artifacts.entry_point_uri) + 1] == job
     template = synthesized.template("Jobs")
     # The desired steps travel beside the archive, not in the Lambda's (4 KB) environment.
     prefix = {"Properties": {"DestinationBucketKeyPrefix": f"emr/{deployment.artifacts.version}/"}}
@@ -149,7 +150,7 @@ def test_the_supervisor_runs_every_streaming_job_of_this_version(synthesized):
     steps_key = f"emr/{deployment.artifacts.version}/streaming-steps.json"
     assert steps_key in json.dumps(variables["STREAMING_STEPS_S3_URI"])
     assert len(json.dumps(variables)) < 2048  # far from Lambda's 4 KB, whatever the tokens become
-    every = int(synthesized.config.jobs.supervisor_every.to_minutes())
+    every = synthesized.config.jobs.supervisor_every_minutes
     template.has_resource_properties(
         "AWS::Scheduler::Schedule", {"ScheduleExpression": f"rate({every} minutes)"}
     )
@@ -198,14 +199,16 @@ def test_batch_jobs_run_on_schedule_through_state_machines_that_alert(synthesize
     template = synthesized.template("Jobs")
     machines = template.find_resources("AWS::StepFunctions::StateMachine")
     definitions = [_definition(m) for m in machines.values()]
-    deployed = {
-        job: m for job, m in BATCH_JOBS.items() if job != "gendata" or synthesized.config.jobs.deploy_gendata
-    }
-    for module in deployed.values():
-        (definition,) = [d for d in definitions if module in d]
+    deployed = [job for job in BATCH_JOBS if job != "gendata" or synthesized.config.jobs.deploy_gendata]
+
+    def runs(job: str, definition: str) -> bool:  # the step's arguments: ... emr_step.py <job> ...
+        return re.search(rf"emr_step\.py\W+{job}\W", definition) is not None
+
+    for job in deployed:
+        (definition,) = [d for d in definitions if runs(job, d)]
         assert "elasticmapreduce:addStep.sync" in definition
         assert "sns:publish" in definition  # the catch alerts the topic
-    gendata = [d for d in definitions if "jobs.gendata" in d]
+    gendata = [d for d in definitions if runs("gendata", d)]
     assert len(gendata) == (1 if synthesized.config.jobs.deploy_gendata else 0)  # dev only
     for definition in gendata:
         assert "States.Array" in definition and "$.count" in definition and "$.rate" in definition

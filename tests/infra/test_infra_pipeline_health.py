@@ -52,7 +52,7 @@ def expected_alarms(env, freshness, no_commit_seconds, rejects, restarts, free_b
     """Description -> (threshold, comparison, evaluation periods, metric) of every alarm the env has."""
     namespace = f"Lakehouse/{env.config.env_name}"
     cluster = f"lakehouse-{env.config.env_name}-msk"
-    brokers = range(1, env.config.streaming.broker_count + 1)
+    brokers = range(1, env.config.kafka.broker_count + 1)
     (instance_id,) = env.resources("SourceDatabase", "AWS::RDS::DBInstance")
     expected = {}
     for job, table in [

@@ -38,7 +38,7 @@ def test_deploy_order_follows_dependencies(dev):
         "Lakehouse-dev-SourceDatabase",
     } <= names
     # The data stacks never depend on Compute (ingress rules live in the Compute stack).
-    for stack in (dev.stacks.streaming, dev.stacks.source_database, dev.stacks.lake):
+    for stack in (dev.stacks.kafka, dev.stacks.source_database, dev.stacks.lake):
         assert "Lakehouse-dev-Compute" not in {s.stack_name for s in stack.dependencies}
 
 
@@ -175,12 +175,12 @@ def test_dev_destroys_data_and_prod_retains_it(dev, prod):
     assert prod_instance["Properties"]["MultiAZ"] is True
 
 
-# ---- streaming ------------------------------------------------------------------------------
+# ---- kafka (the Streaming stack) ------------------------------------------------------------
 
 
 def test_msk_tls_iam_encrypted_logged(synthesized):
     env = synthesized
-    settings = env.config.streaming
+    settings = env.config.kafka
     (cluster,) = env.resources("Streaming", "AWS::MSK::Cluster").values()
     props = cluster["Properties"]
     assert props["KafkaVersion"].startswith("3.")
@@ -222,7 +222,7 @@ def test_click_topic_created_at_deploy_and_brokers_published(synthesized):
         {
             "TopicName": CLICK_TOPIC,
             "PartitionCount": CLICK_TOPIC_PARTITIONS,
-            "ReplicationFactor": synthesized.config.streaming.topic_replication_factor,
+            "ReplicationFactor": synthesized.config.kafka.topic_replication_factor,
         },
     )
     template.has_resource_properties(
@@ -440,7 +440,7 @@ def test_failures_and_storage_alarms_reach_an_encrypted_topic(synthesized):
         for a in alarms
         if a["Properties"].get("MetricName") in ("FreeStorageSpace", "KafkaDataLogsDiskUsed")
     ]
-    assert len(storage) == 1 + env.config.streaming.broker_count
+    assert len(storage) == 1 + env.config.kafka.broker_count
     for alarm in storage:
         (action,) = alarm["Properties"]["AlarmActions"]
         assert env.resolve("Monitoring", action).logical_id == topic_id

@@ -28,5 +28,5 @@ def test_the_rehearsal_runs_every_step_of_the_dev_deployment(dev, tmp_path):
     assert "rehearsal passed" in output
     # Every job was imported from its step's unpacked archive (the rehearsal checks each step's log).
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "steps").glob("*/std*"))
-    for module in ("jobs.gendata", "jobs.streaming", "jobs.batch_report", "jobs.maintain"):
-        assert f"emr_step: running {module} from {tmp_path}/steps/" in logs
+    for job in ("gendata", "streaming", "report", "maintain"):
+        assert f"emr_step: running {job} from {tmp_path}/steps/" in logs

@@ -1,4 +1,7 @@
-"""Streaming: an MSK provisioned cluster (TLS + IAM auth), the click topic, bootstrap brokers."""
+"""The Kafka cluster: MSK provisioned (TLS + IAM auth), the click topic, its bootstrap brokers.
+
+Named for the cluster, not "streaming": the Spark streaming application is `jobs/streaming`.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ from aws_cdk import aws_ssm as ssm
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
-from infra.config import StreamingSettings
+from infra.cdk_values import log_retention
+from infra.config import KafkaSettings
 from infra.nag import (
     LAMBDA_BASIC_EXECUTION_FINDING,
     acknowledge,
@@ -29,8 +33,31 @@ CONSUMER_GROUP_PREFIX = "lakehouse-"
 AWS_CUSTOM_RESOURCE_FUNCTION_ID = "AWS679f53fac002430cb0da5b7982bd2287"
 
 
-class Streaming(Construct):
-    """MSK cluster with `clicktopic`; exposes the IAM bootstrap string as an attribute and in SSM."""
+class KafkaCluster(Construct):
+    """MSK cluster with `clicktopic`; exposes the IAM bootstrap string as an attribute and in SSM.
+
+    Its construct id stays "Streaming" (infra/stacks.py): the id is part of every logical id under it.
+    """
+
+    #: The brokers' security group; the Compute stack admits the EMR nodes to it on MSK_IAM_PORT.
+    security_group: ec2.SecurityGroup
+    #: The MSK cluster resource.
+    cluster: msk.CfnCluster
+    #: The cluster's ARN (a deploy-time token; grants use names instead, see `_arn`).
+    cluster_arn: str
+    #: The cluster's physical name (`lakehouse-<env>-msk`): alarms and IAM ARNs are built from it.
+    cluster_name: str
+    #: How many brokers (one disk alarm and one bytes-in metric each).
+    broker_count: int
+    #: The click topic resource (AWS::MSK::Topic).
+    topic: msk.CfnTopic
+    #: The click topic's name (`clicktopic`, from jobs.config).
+    topic_name: str
+    #: The SASL/IAM bootstrap string (a deploy-time token), read from MSK by a custom resource.
+    bootstrap_brokers: str
+    #: The SSM parameter holding the bootstrap string, and its name.
+    bootstrap_parameter: ssm.StringParameter
+    bootstrap_parameter_name: str
 
     def __init__(
         self,
@@ -41,7 +68,7 @@ class Streaming(Construct):
         subnets: ec2.SubnetSelection,
         cluster_name: str,
         bootstrap_parameter_name: str,
-        settings: StreamingSettings,
+        settings: KafkaSettings,
         removal_policy: RemovalPolicy,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -52,7 +79,7 @@ class Streaming(Construct):
         broker_logs = logs.LogGroup(
             self,
             "BrokerLogs",
-            retention=settings.broker_log_retention,
+            retention=log_retention(settings.broker_log_retention_days),
             removal_policy=removal_policy,
         )
 

@@ -129,7 +129,7 @@ def git_revision() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", "jobs", "lakehouse/emr_package.py"],
+        ["git", "status", "--porcelain", "--", "jobs", "infra/emr_package.py"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -252,7 +252,8 @@ def _build_jobs_wheel(version: str, scratch: Path, log) -> Path:
         f"dependencies = {json.dumps(list(requirement_lines()))}\n"
         "description = 'Lakehouse PySpark jobs (EMR steps)'\n\n"
         "[tool.setuptools.packages.find]\ninclude = ['jobs*']\n\n"
-        f"[tool.setuptools.package-data]\njobs = {json.dumps(list(JOB_DATA_FILES))}\n"
+        # "*": in every package of jobs/ (the scheduler pools live in jobs/streaming/)
+        f"[tool.setuptools.package-data]\n'*' = {json.dumps(list(JOB_DATA_FILES))}\n"
     )
     out = _ensure(scratch / "wheel")
     log("  jobs wheel")
