@@ -92,10 +92,10 @@ def run() -> list[dict]:
 
 
 def _measure(stack, backlog: int, rate: int, seconds: float) -> list[dict]:
-    from jobs.cdc_sync import CdcSync, TableSpec
+    from jobs.cdc.sync import CdcSync, TableSpec
     from jobs.common.run_modes import RunMode, StopRequest, run_batches
+    from jobs.common.spark_session import build_spark, stop_spark
     from jobs.config import LakehouseConfig
-    from jobs.spark_session import build_spark, stop_spark
 
     config = LakehouseConfig.local(stack.settings.home)
     spark = build_spark(config, "cdc_bench", {"spark.sql.shuffle.partitions": "2"})

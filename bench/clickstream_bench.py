@@ -51,9 +51,9 @@ def raw_consume_rate(bootstrap: str, topic: str, expected: int) -> float:
 
 
 def _ingest(spark, config, topic: str, fact: str, max_records: int):
-    from jobs.clickstream.kafka_source import FetchSettings
-    from jobs.clickstream_ingest import ClickstreamIngest, IngestSettings
     from jobs.common.run_modes import StopRequest
+    from jobs.ingest.job import ClickstreamIngest, IngestSettings
+    from jobs.ingest.kafka_source import FetchSettings
 
     settings = IngestSettings(
         topic=topic,
@@ -71,7 +71,7 @@ def _ingest(spark, config, topic: str, fact: str, max_records: int):
 def warm_up(spark, config) -> None:
     """One small ingest on its own topic and tables first: the measured runs then see a warm JVM
     (JIT, class loading, Python workers), as a long-running job does after its first minute."""
-    from jobs.gendata import generate_records, produce, producer_config
+    from jobs.gendata.generator import generate_records, produce, producer_config
 
     topic = "bench_warmup"
     _create_topic(config.kafka.bootstrap, topic)
@@ -104,7 +104,7 @@ def _produce_paced(producer_props: dict, topic: str, rate: float, count: int, ou
     """
     from confluent_kafka import Producer
 
-    from jobs.gendata import generate_records
+    from jobs.gendata.generator import generate_records
 
     sent: list[tuple[int, int, float]] = []
     producer = Producer(producer_props | {"linger.ms": 1})
@@ -149,7 +149,7 @@ class _VisibleOffsets:
         self._thread.join(5)
 
     def _watch(self) -> None:
-        from jobs.clickstream.schema import OFFSETS_KEY, offsets_from_summary
+        from jobs.common.lake_tables import OFFSETS_KEY, offsets_from_summary
         from lakehouse.local.catalog import connect
 
         connection = connect(self.catalog_path)
@@ -187,7 +187,7 @@ class _VisibleOffsets:
 def freshness(spark, config, catalog_path: Path, rate: float, seconds: float) -> tuple[list[float], int]:
     """Latencies (produced -> visible) of every record sent at `rate`, and how many never showed."""
     from jobs.common.run_modes import RunMode, run_batches
-    from jobs.gendata import generate_records, produce, producer_config
+    from jobs.gendata.generator import generate_records, produce, producer_config
 
     topic = "bench_fresh"
     _create_topic(config.kafka.bootstrap, topic)
@@ -227,10 +227,10 @@ def run() -> list[dict]:
     rate = float(os.environ.get("BENCH_RATE", "5000"))
     fresh_seconds = float(os.environ.get("BENCH_FRESHNESS_SECONDS", "30"))
     with private_stack("clickstream") as stack:
-        from jobs.clickstream_ingest import job_spark_conf
+        from jobs.common.spark_session import build_spark
         from jobs.config import LakehouseConfig
-        from jobs.gendata import generate_records, produce, producer_config
-        from jobs.spark_session import build_spark
+        from jobs.gendata.generator import generate_records, produce, producer_config
+        from jobs.ingest.job import job_spark_conf
 
         config = LakehouseConfig.local(stack.settings.home)
         spark = build_spark(config, "clickstream-bench", job_spark_conf())

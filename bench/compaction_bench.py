@@ -49,7 +49,7 @@ def click_batch(spark, batch: int, rows: int, appends: int):
 
 
 def build_table(spark, ident: str, appends: int, rows: int) -> None:
-    from jobs.clickstream.schema import OFFSETS_KEY, fact_table_ddl, offsets_summary
+    from jobs.common.lake_tables import OFFSETS_KEY, fact_table_ddl, offsets_summary
     from jobs.common.snapshot_progress import writer_options
 
     for statement in fact_table_ddl(ident):
@@ -86,9 +86,9 @@ def run() -> list[dict]:
     appends = int(os.environ.get("BENCH_COMPACTION_APPENDS", "200"))
     rows = int(os.environ.get("BENCH_COMPACTION_ROWS", "500"))
     with private_stack("compaction") as stack:
+        from jobs.common.spark_session import build_spark, stop_spark
         from jobs.config import LakehouseConfig
-        from jobs.maintain import MaintainSettings, maintain_table
-        from jobs.spark_session import build_spark, stop_spark
+        from jobs.maintain.job import MaintainSettings, maintain_table
         from lakehouse.local.catalog import pyiceberg_catalog
 
         config = LakehouseConfig.local(stack.settings.home)

@@ -128,8 +128,8 @@ def _within(seconds: float | None, limit: float) -> bool:
 
 def _outside(home: Path, kafka_port: int) -> dict[str, list[float]]:
     """Latencies computed from the topic's timestamps and the tables' snapshot metadata alone."""
-    from jobs.clickstream.schema import OFFSETS_KEY, offsets_from_summary
-    from jobs.product_views import PROGRESS_KEY, watermark_from_summary
+    from jobs.common.lake_tables import OFFSETS_KEY, offsets_from_summary
+    from jobs.views.job import PROGRESS_KEY, watermark_from_summary
     from lakehouse.demo import WARM_UP_EVENTS
     from lakehouse.local.catalog import pyiceberg_catalog
 

@@ -1,5 +1,5 @@
 """The demo's load the way it ran before the one streaming application: the three streaming jobs as
-separate processes (`python -m jobs.cdc_sync`, `jobs.clickstream_ingest`, `jobs.product_views`: three
+separate processes (`python -m jobs.cdc`, `jobs.ingest`, `jobs.views`: three
 Spark applications on two cores), clicks produced by `lakehouse gendata --rate` in a process of its
 own, freshness computed from outside as bench/demo_bench.py computes it (Kafka timestamps against
 snapshot commit times). BENCH_SEPARATE_RUNS (default 1) runs of BENCH_SEPARATE_SECONDS (60) at
@@ -20,10 +20,10 @@ from bench.private_stack import percentiles, private_stack, row
 
 RATE = 200
 JOBS = (
-    # name, module, the log line that says it is consuming
-    ("cdc", "jobs.cdc_sync", r"tailing the binlog"),
-    ("ingest", "jobs.clickstream_ingest", r"resuming"),
-    ("views", "jobs.product_views", r"resuming"),
+    # name, the log line that says it is consuming
+    ("cdc", r"tailing the binlog"),
+    ("ingest", r"resuming"),
+    ("views", r"resuming"),
 )
 READY_SECONDS = 300
 
@@ -41,37 +41,37 @@ def run() -> list[dict]:
 
 def _one_run(stack, index: int, seconds: float, rate: int) -> list[dict]:
     from lakehouse.demo import CLICKS, WARM_UP_EVENTS, CatalogWatch, total_records
+    from lakehouse.job_processes import JobProcesses
     from lakehouse.local.catalog import pyiceberg_catalog
-    from lakehouse.supervisor import Supervisor
 
     settings = stack.settings
     lake = pyiceberg_catalog(settings.catalog_path, settings.warehouse)
     catalog = CatalogWatch(lake, settings.catalog_path)
-    supervisor = Supervisor(settings.home / "logs" / "bench")
+    processes = JobProcesses(settings.home / "logs" / "bench")
     peak = {"rss": 0, "pss": 0}
     stop = threading.Event()
     sampler = threading.Thread(target=_sample_rss, args=(str(settings.home), peak, stop), daemon=True)
     sampler.start()
     count = int(rate * seconds)
     try:
-        for name, module, ready in JOBS:
-            supervisor.start(name, module, ready_pattern=ready)
+        for name, ready in JOBS:
+            processes.start(name, ready_pattern=ready)
             if name == "cdc":  # its initial snapshot creates the dimensions the others read
-                supervisor.wait_ready(READY_SECONDS)
-        supervisor.wait_ready(READY_SECONDS)
+                processes.wait_ready(READY_SECONDS)
+        processes.wait_ready(READY_SECONDS)
         # As in the demo: a first batch through every job before the clock starts.
         _gendata(WARM_UP_EVENTS)
-        _wait(supervisor, lambda: total_records(catalog, CLICKS) >= WARM_UP_EVENTS)
-        _wait(supervisor, lambda: _views_caught_up(catalog))
+        _wait(processes, lambda: total_records(catalog, CLICKS) >= WARM_UP_EVENTS)
+        _wait(processes, lambda: _views_caught_up(catalog))
         _gendata(count, "--rate", str(rate), timeout=seconds * 3 + 120)
-        _wait(supervisor, lambda: total_records(catalog, CLICKS) >= WARM_UP_EVENTS + count)
-        _wait(supervisor, lambda: _views_caught_up(catalog))
+        _wait(processes, lambda: total_records(catalog, CLICKS) >= WARM_UP_EVENTS + count)
+        _wait(processes, lambda: _views_caught_up(catalog))
     finally:
-        codes = supervisor.stop()
+        codes = processes.stop()
         stop.set()
     failed = {name: code for name, code in codes.items() if code != 0}
     if failed:
-        raise RuntimeError(f"jobs exited with errors: {failed}; logs in {supervisor.log_dir}")
+        raise RuntimeError(f"jobs exited with errors: {failed}; logs in {processes.log_dir}")
     measured = _outside(settings.home, settings.kafka_port)
     click_p50, click_p95 = percentiles(measured["clicks"])
     views_p50, views_p95 = percentiles(measured["views"])
@@ -97,9 +97,9 @@ def _gendata(count: int, *args: str, timeout: float = 600) -> None:
 def _views_caught_up(catalog) -> bool:
     """product_views has counted every click the click table holds (its watermark reached the
     click table's stored offsets)."""
-    from jobs.clickstream.schema import OFFSETS_KEY, offsets_from_summary
+    from jobs.common.lake_tables import OFFSETS_KEY, offsets_from_summary
     from jobs.config import CLICK_TOPIC
-    from jobs.product_views import PROGRESS_KEY, watermark_from_summary
+    from jobs.views.job import PROGRESS_KEY, watermark_from_summary
     from lakehouse.demo import CLICKS, VIEWS
 
     if not catalog.table_exists(CLICKS) or not catalog.table_exists(VIEWS):
@@ -113,10 +113,10 @@ def _views_caught_up(catalog) -> bool:
     return bool(offsets) and all(watermark.get(p, 0) >= o for p, o in offsets.items())
 
 
-def _wait(supervisor, done, timeout: float = 180) -> None:
+def _wait(processes, done, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while not done():
-        supervisor.check()
+        processes.check()
         if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f}s; logs in {supervisor.log_dir}")
+            raise RuntimeError(f"timed out after {timeout:.0f}s; logs in {processes.log_dir}")
         time.sleep(0.5)

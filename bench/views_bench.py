@@ -33,11 +33,11 @@ def run() -> list[dict]:
     seconds = float(os.environ.get("BENCH_VIEWS_SECONDS", "30"))
     interval = float(os.environ.get("BENCH_VIEWS_INTERVAL", "1"))
     with private_stack("views") as stack:
-        from jobs.clickstream.schema import fact_table_ddl
+        from jobs.common.lake_tables import fact_table_ddl
         from jobs.common.run_modes import RunMode, StopRequest, run_batches
+        from jobs.common.spark_session import build_spark, stop_spark
         from jobs.config import LakehouseConfig
-        from jobs.product_views import ProductViews, ViewsSettings
-        from jobs.spark_session import build_spark, stop_spark
+        from jobs.views.job import ProductViews, ViewsSettings
 
         config = LakehouseConfig.local(stack.settings.home)
         spark = build_spark(config, "views-bench", {"spark.sql.shuffle.partitions": "2"})

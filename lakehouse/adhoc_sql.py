@@ -62,7 +62,7 @@ def query_duckdb(config: LakehouseConfig, sql: str, extension_dir: Path) -> Quer
 
 
 def query_spark(config: LakehouseConfig, sql: str) -> QueryResult:
-    from jobs.spark_session import build_spark
+    from jobs.common.spark_session import build_spark
 
     spark = build_spark(config, "lakehouse-sql")
     frame = spark.sql(sql)

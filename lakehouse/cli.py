@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 import time
@@ -156,7 +155,7 @@ def sql(query: str, engine: str, fmt: str) -> None:
 def demo(seconds: float, rate: float) -> None:
     """Run the source system's scenario end to end on the embedded stack (`make demo`)."""
     from lakehouse.demo import DemoOptions, run_demo
-    from lakehouse.supervisor import JobFailed
+    from lakehouse.job_processes import JobFailed
 
     if seconds <= 0 or rate <= 0:
         _fail("--seconds and --rate must be positive")
@@ -171,15 +170,6 @@ def demo(seconds: float, rate: float) -> None:
 
 # ---- pipeline ---------------------------------------------------------------------------------
 
-# Each job is a module with `main(argv)`; the same module is what an EMR step runs.
-JOBS = {
-    "ingest": "jobs.clickstream_ingest",
-    "cdc": "jobs.cdc_sync",
-    "views": "jobs.product_views",
-    "streaming": "jobs.streaming",  # cdc + ingest + views in one Spark application
-    "report": "jobs.batch_report",
-    "maintain": "jobs.maintain",
-}
 PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
 
 
@@ -188,15 +178,16 @@ PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_
 @click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def run(ctx: click.Context, job: str | None, job_args: tuple[str, ...]) -> None:
-    """Run a pipeline JOB (streaming, ingest, cdc, views, report, maintain); `lakehouse run JOB
-    --help` lists its options."""
+    """Run a pipeline JOB (jobs/registry.py: streaming, cdc, ingest, views, report, maintain,
+    gendata); `lakehouse run JOB --help` lists its options."""
     if job in (None, "--help", "-h"):
         click.echo(ctx.get_help())
         return
+    from jobs.registry import JOBS
+
     if job not in JOBS:
-        raise click.BadParameter(f"{job!r} is not one of {', '.join(sorted(JOBS))}", param_hint="JOB")
-    module = importlib.import_module(JOBS[job])
-    sys.exit(module.main(list(job_args)) or 0)
+        raise click.BadParameter(f"{job!r} is not one of {', '.join(JOBS)}", param_hint="JOB")
+    sys.exit(JOBS[job].main()(list(job_args)) or 0)
 
 
 # ---- AWS ---------------------------------------------------------------------------------------
@@ -207,17 +198,8 @@ def aws_group() -> None:
     """Check and operate an AWS environment (boto3; --profile/--region as for the AWS CLI)."""
 
 
-def _quiet_jsii() -> None:
-    """The deployment config is the CDK app's (jsii on Node): keep its Node banners quiet."""
-    import os
-
-    os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
-    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
-
-
 def _aws_session(region: str | None, profile: str | None):
     """(boto3 session, account id), or one clear error line."""
-    _quiet_jsii()
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, ProfileNotFound
 
@@ -280,7 +262,6 @@ def _park_command(parking: bool):
         import os
         import subprocess
 
-        _quiet_jsii()
         from infra.config import DeploymentConfig
         from lakehouse.aws import park
 
@@ -298,7 +279,14 @@ def _park_command(parking: bool):
         def run_cdk(args) -> None:
             command = [str(cdk), *args, *(["--profile", profile] if profile else [])]
             console.print(f"  $ {' '.join(command[1:])}")
-            env = {**os.environ, "AWS_REGION": session.region_name, "AWS_DEFAULT_REGION": session.region_name}
+            # The CDK CLI on the Node 22 `make setup` installed, and cdk.json's `python3` the venv's.
+            path = os.pathsep.join((str(repo / "node_modules" / ".bin"), str(Path(sys.executable).parent)))
+            env = {
+                **os.environ,
+                "PATH": f"{path}{os.pathsep}{os.environ.get('PATH', '')}",
+                "AWS_REGION": session.region_name,
+                "AWS_DEFAULT_REGION": session.region_name,
+            }
             done = subprocess.run(command, cwd=repo, env=env, check=False)
             if done.returncode:
                 raise park.ParkError(f"cdk {args[0]} failed (exit {done.returncode}): see its output above")
@@ -325,7 +313,6 @@ for _name, _parking, _help in (
 
 def _operate(env_name: str, region: str | None, profile: str | None):
     """(session, config, stack outputs) of a deployed environment, or one clear error line."""
-    _quiet_jsii()
     from infra.config import DeploymentConfig
     from lakehouse.aws import operate
 
@@ -484,9 +471,9 @@ def aws_stop(env_name, region, profile, job: str) -> None:
 @click.argument("gendata_args", nargs=-1, type=click.UNPROCESSED)
 def gendata(gendata_args: tuple[str, ...]) -> None:
     """Produce ClickEvents to Kafka; `lakehouse gendata --help` lists the options."""
-    from jobs import gendata as generator
+    from jobs.registry import JOBS
 
-    sys.exit(generator.main(list(gendata_args)) or 0)
+    sys.exit(JOBS["gendata"].main()(list(gendata_args)) or 0)
 
 
 if __name__ == "__main__":

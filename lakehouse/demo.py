@@ -1,6 +1,6 @@
 """`lakehouse demo` / `make demo`: the source system's scenario end to end on the embedded stack.
 
-1. stack up; 2. CDC, ingest and views in one streaming application (`jobs.streaming`, a supervised
+1. stack up; 2. CDC, ingest and views in one streaming application (`jobs.streaming.application`, a supervised
 child process, as on EMR); 3. clicks at a steady rate with a live view of the jobs, product_views
 and freshness, a third of the way in the source system's two UPDATE statements; 4. their effect;
 5. the batch report; 6. maintenance; then a summary. The jobs are stopped at the end; the stack
@@ -25,14 +25,14 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from infra.seed_data import PRODUCT_ROWS, USER_MEMBER_ROWS
 from jobs.config import LakehouseConfig
-from lakehouse.freshness import FreshnessTracker
+from lakehouse.click_latency import ClickLatencyTracker
+from lakehouse.job_processes import JobProcesses, run_job
 from lakehouse.local.catalog import pyiceberg_catalog
 from lakehouse.local.mariadb import APP_USER
 from lakehouse.local.settings import StackSettings
 from lakehouse.local.stack import LocalStack
-from lakehouse.seed_data import PRODUCT_ROWS, USER_MEMBER_ROWS
-from lakehouse.supervisor import Supervisor, run_job
 
 # The source system's two statements (its article), run a third of the way into the streaming phase.
 PRICE_CHANGE = "UPDATE products SET description='test666', product_price=8.1 WHERE productId='1'"
@@ -46,7 +46,6 @@ WARM_UP_EVENTS = 30  # produced and counted before the clock starts; not in the 
 PRODUCTS = "dim_db.products"
 MEMBERS = "dim_db.user_member"
 
-STREAMING_MODULE = "jobs.streaming"
 STATUS_FILE = "streaming-status.json"
 
 
@@ -89,29 +88,29 @@ def run_demo(console: Console, options: DemoOptions) -> None:
         pyiceberg_catalog(settings.catalog_path, settings.warehouse), settings.catalog_path
     )
     state = DemoState()
-    tracker = FreshnessTracker(config.kafka.topic)
+    tracker = ClickLatencyTracker(config.kafka.topic)
     width = max(console.width, 120)  # the one-shot jobs print tables; keep them readable in a log
-    supervisor = Supervisor(settings.home / "logs" / "demo")
-    status_file = supervisor.log_dir / STATUS_FILE
+    processes = JobProcesses(settings.home / "logs" / "demo")
+    status_file = processes.log_dir / STATUS_FILE
     status_file.unlink(missing_ok=True)
     try:
         console.rule("2/6 streaming: CDC (binlog -> dim_db), ingest (Kafka -> ods_behavior), views")
-        with console.status(f"starting the streaming application; log in {supervisor.log_dir}"):
+        with console.status(f"starting the streaming application; log in {processes.log_dir}"):
             # One Spark application, one thread per job; CDC's initial snapshot creates and loads
             # the dimensions before the ingest starts (the application orders them).
-            supervisor.start("streaming", STREAMING_MODULE, "--status-file", str(status_file),
+            processes.start("streaming", "--status-file", str(status_file),
                              ready_pattern=r"streaming: starting")  # fmt: skip
-            wait_running(status_file, supervisor, options.ready_timeout)
-            warm_up(config, catalog, tracker, supervisor, options.ready_timeout)
+            wait_running(status_file, processes, options.ready_timeout)
+            warm_up(config, catalog, tracker, processes, options.ready_timeout)
         console.print("  cdc, ingest and views are running in one Spark application (first batch done)")
         state.clicks_before = total_records(catalog, CLICKS)
         state.rejects_before = total_records(catalog, REJECTS)
 
         console.rule(f"3/6 clicks at {options.rate:,.0f}/s for {options.seconds:.0f}s (gendata), live")
-        stream(console, options, config, conn, catalog, supervisor, tracker, state, status_file)
+        stream(console, options, config, conn, catalog, processes, tracker, state, status_file)
 
-        catch_up(catalog, tracker, state, supervisor, timeout=90)
-        codes = supervisor.stop()
+        catch_up(catalog, tracker, state, processes, timeout=90)
+        codes = processes.stop()
         # Stopping, the ingest commits the rejects it still held (it commits them every 10 s).
         state.clicks = total_records(catalog, CLICKS) - state.clicks_before
         state.rejects = total_records(catalog, REJECTS) - state.rejects_before
@@ -119,13 +118,13 @@ def run_demo(console: Console, options: DemoOptions) -> None:
         cdc_changes = next((j["records"] for j in state.jobs if j["name"] == "cdc"), "unknown")
         failed = {name: code for name, code in codes.items() if code != 0}
         if failed:
-            raise RuntimeError(f"jobs exited with errors: {failed}; logs in {supervisor.log_dir}")
+            raise RuntimeError(f"jobs exited with errors: {failed}; logs in {processes.log_dir}")
 
         console.rule("4/6 effect of the two statements")
         show_effect(console, catalog, state)
 
         console.rule("5/6 batch report (Spark): member_daily_report for today")
-        report = run_job("jobs.batch_report", "--date", datetime.now(UTC).date().isoformat(), width=width)
+        report = run_job("report", "--date", datetime.now(UTC).date().isoformat(), width=width)
         console.print(report.stdout.rstrip())
         if report.returncode != 0:
             raise RuntimeError(f"batch report failed:\n{report.stderr[-2000:]}")
@@ -133,7 +132,7 @@ def run_demo(console: Console, options: DemoOptions) -> None:
 
         console.rule("6/6 maintenance: compaction, snapshot expiry, orphan files, manifests")
         files_before = data_files(catalog, CLICKS)
-        maintenance = run_job("jobs.maintain", width=width)
+        maintenance = run_job("maintain", width=width)
         console.print(maintenance.stdout.rstrip())
         if maintenance.returncode != 0:
             raise RuntimeError(f"maintenance failed:\n{maintenance.stderr[-2000:]}")
@@ -142,8 +141,8 @@ def run_demo(console: Console, options: DemoOptions) -> None:
         console.print("[yellow]interrupted: stopping the jobs (each finishes and commits its batch)[/]")
         raise
     finally:
-        if supervisor.jobs:
-            supervisor.stop()
+        if processes.jobs:
+            processes.stop()
         conn.close()
 
     print_summary(console, options, state, tracker, cdc_changes, (files_before, files_after))
@@ -156,8 +155,8 @@ def run_demo(console: Console, options: DemoOptions) -> None:
 # ---- the streaming phase -------------------------------------------------------------------------
 
 
-def stream(console, options, config, conn, catalog, supervisor, tracker, state, status_file) -> None:
-    from jobs.gendata import generate_records, produce, producer_config
+def stream(console, options, config, conn, catalog, processes, tracker, state, status_file) -> None:
+    from jobs.gendata.generator import generate_records, produce, producer_config
 
     count = int(options.rate * options.seconds)
     stop = threading.Event()
@@ -185,7 +184,7 @@ def stream(console, options, config, conn, catalog, supervisor, tracker, state, 
         if live:
             live.start()
         while thread.is_alive():
-            supervisor.check()
+            processes.check()
             elapsed = time.monotonic() - started
             if state.changes_at is None and elapsed >= options.seconds / 3:
                 run_statements(conn, state, elapsed)
@@ -220,7 +219,7 @@ def run_statements(conn, state: DemoState, elapsed: float) -> None:
     state.events.append(f"t+{elapsed:.0f}s  MySQL: {LEVEL_CHANGE}")
 
 
-def refresh(catalog, tracker: FreshnessTracker, state: DemoState, elapsed: float) -> None:
+def refresh(catalog, tracker: ClickLatencyTracker, state: DemoState, elapsed: float) -> None:
     state.clicks = observe_clicks(catalog, tracker) - state.clicks_before
     state.rejects = total_records(catalog, REJECTS) - state.rejects_before
     state.views = read_rows(catalog, VIEWS)
@@ -265,26 +264,26 @@ def read_status(status_file) -> list[dict]:
         return []
 
 
-def wait_running(status_file, supervisor: Supervisor, timeout: float) -> None:
+def wait_running(status_file, processes: JobProcesses, timeout: float) -> None:
     """Until the streaming application says all three jobs run (CDC's initial snapshot is done)."""
     deadline = time.monotonic() + timeout
     while True:
-        supervisor.check()
+        processes.check()
         jobs = read_status(status_file)
         if len(jobs) == 3 and all(j["state"] == "running" for j in jobs):
             return
         if time.monotonic() > deadline:
             states = ", ".join(f"{j['name']} {j['state']}" for j in jobs) or "no status yet"
             raise RuntimeError(
-                f"streaming jobs not running after {timeout:.0f}s ({states}); see {supervisor.log_dir}"
+                f"streaming jobs not running after {timeout:.0f}s ({states}); see {processes.log_dir}"
             )
         time.sleep(0.5)
 
 
-def warm_up(config, catalog, tracker: FreshnessTracker, supervisor: Supervisor, timeout: float) -> None:
+def warm_up(config, catalog, tracker: ClickLatencyTracker, processes: JobProcesses, timeout: float) -> None:
     """A few events through the ingest before the clock starts: the first micro-batch of a fresh
     Spark job pays for starting its Python workers, which is not what freshness should measure."""
-    from jobs.gendata import generate_records, produce, producer_config
+    from jobs.gendata.generator import generate_records, produce, producer_config
 
     events = generate_records(WARM_UP_EVENTS)
     produce(
@@ -292,7 +291,7 @@ def warm_up(config, catalog, tracker: FreshnessTracker, supervisor: Supervisor, 
     )
     deadline = time.monotonic() + timeout
     while tracker.waiting and time.monotonic() < deadline:
-        supervisor.check()
+        processes.check()
         observe_clicks(catalog, tracker)
         time.sleep(0.5)
     tracker.latencies.clear()
@@ -304,11 +303,11 @@ def new_price_views(views: list[dict]) -> int:
     )
 
 
-def catch_up(catalog, tracker, state, supervisor, timeout: float) -> None:
+def catch_up(catalog, tracker, state, processes, timeout: float) -> None:
     """After the last event is produced: wait until the click table and the views include it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        supervisor.check()
+        processes.check()
         refresh(catalog, tracker, state, 0)
         clicks_total = state.clicks + state.clicks_before
         if tracker.waiting == 0 and sum(r["views"] for r in state.views) == clicks_total:
@@ -316,7 +315,7 @@ def catch_up(catalog, tracker, state, supervisor, timeout: float) -> None:
         time.sleep(1.0)
 
 
-def render(state: DemoState, tracker: FreshnessTracker, elapsed: float, options: DemoOptions) -> Group:
+def render(state: DemoState, tracker: ClickLatencyTracker, elapsed: float, options: DemoOptions) -> Group:
     return Group(
         status_line(state, tracker, elapsed), jobs_table(state.jobs), views_table(state.views), *state.events
     )
@@ -337,7 +336,7 @@ def jobs_table(jobs: list[dict]) -> Table:
     return table
 
 
-def status_line(state: DemoState, tracker: FreshnessTracker, elapsed: float) -> str:
+def status_line(state: DemoState, tracker: ClickLatencyTracker, elapsed: float) -> str:
     fresh = tracker.percentiles()
     freshness = f"p50 {fresh[0]:.1f}s / p95 {fresh[1]:.1f}s" if fresh else "n/a"
     return (
@@ -447,7 +446,7 @@ def _records(table) -> int:
     return int(snapshot.summary.additional_properties.get("total-records", 0)) if snapshot else 0
 
 
-def observe_clicks(catalog, tracker: FreshnessTracker) -> int:
+def observe_clicks(catalog, tracker: ClickLatencyTracker) -> int:
     """Feed the click table's snapshots to the tracker and return its rows: one metadata load."""
     if not catalog.table_exists(CLICKS):
         return 0

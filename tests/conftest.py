@@ -10,8 +10,28 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+# jsii (every `import aws_cdk`) on the Node 22 `make setup` installs, also when pytest runs directly.
+REPO_NODE = Path(__file__).resolve().parents[1] / "node_modules" / ".bin" / "node"
+if REPO_NODE.exists():
+    os.environ.setdefault("JSII_NODE", str(REPO_NODE))
+
+# Markers follow what a test uses, so `make test-fast` (-m "not stack and not synth and not slow")
+# cannot run a test that starts a server or synthesizes the CDK app by forgetting a decorator.
+STACK_FIXTURES = {"local_stack", "private_env"}  # the session's stack; test_local_stack's own one
+SYNTH_FIXTURES = {"dev", "prod", "parked_dev", "synthesized"}  # tests/infra/conftest.py
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & STACK_FIXTURES:
+            item.add_marker(pytest.mark.stack)
+        if used & SYNTH_FIXTURES:
+            item.add_marker(pytest.mark.synth)
 
 
 def _free(port: int, span: int = 1) -> bool:
@@ -71,7 +91,7 @@ def lake_config(local_stack):
 
 @pytest.fixture(scope="session")
 def spark(lake_config):
-    from jobs.spark_session import build_spark, stop_spark
+    from jobs.common.spark_session import build_spark, stop_spark
 
     session = build_spark(lake_config, "tests", {"spark.sql.shuffle.partitions": "2"})
     yield session

@@ -11,7 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
-from jobs.gendata import VALID, generate_records, produce, producer_config
+from jobs.gendata.generator import VALID, generate_records, produce, producer_config
 
 REPO = Path(__file__).resolve().parent.parent
 LAKEHOUSE_BIN = str(Path(sys.prefix) / "bin" / "lakehouse")
@@ -79,9 +79,9 @@ class Case:
         self, spark, max_records_per_partition: int | None = None, rejects_commit_seconds: float | None = None
     ):
         """The job's batch loop object, in this process (prepared: offsets read)."""
-        from jobs.clickstream.kafka_source import FetchSettings
-        from jobs.clickstream_ingest import ClickstreamIngest, IngestSettings
         from jobs.common.run_modes import StopRequest
+        from jobs.ingest.job import ClickstreamIngest, IngestSettings
+        from jobs.ingest.kafka_source import FetchSettings
 
         cap = max_records_per_partition
         fetch = FetchSettings() if cap is None else FetchSettings(max_records_per_partition=cap)

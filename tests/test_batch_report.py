@@ -14,17 +14,15 @@ from decimal import Decimal
 import pytest
 from support import run_cli
 
-from jobs.batch_report import (
+from jobs.common.lake_tables import fact_table_ddl, products_table_ddl
+from jobs.report.__main__ import main, parse_args, settings_from_args
+from jobs.report.job import (
     REPORT_COLUMNS,
     MissingSourceTable,
     ReportSettings,
-    main,
     member_daily_report,
-    parse_args,
     run_report,
-    settings_from_args,
 )
-from jobs.clickstream.schema import fact_table_ddl, products_table_ddl
 
 pytestmark = pytest.mark.stack
 

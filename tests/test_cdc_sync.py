@@ -22,7 +22,7 @@ from support import LAKEHOUSE_BIN
 
 from jobs.cdc import source_db
 from jobs.cdc.binlog_reader import BinlogPosition
-from jobs.cdc_sync import DEFAULT_TABLES, CdcSync, TableSpec
+from jobs.cdc.sync import DEFAULT_TABLES, CdcSync, TableSpec
 from lakehouse.local.mariadb import SEED
 
 pytestmark = pytest.mark.stack
@@ -648,7 +648,7 @@ def test_second_writer_aborts_with_a_one_line_error(spark, lake_config, app_conn
     assert stored_position(spark, f"lakehouse.dim_db.{name}") == committed
     assert_converged(spark, app_conn, name)
     # The job's run loop turns it into a non-zero exit with that one line on stderr.
-    from jobs.cdc_sync import run_sync
+    from jobs.cdc.sync import run_sync
     from jobs.common.run_modes import RunMode, StopRequest
 
     third = CdcSync(spark, lake_config, [TableSpec.parse(pair, lake_config)], server_id=next(_server_ids))

@@ -176,7 +176,7 @@ def _drainer(change_wait_seconds: float):
     import queue
     from types import SimpleNamespace
 
-    from jobs.cdc_sync import CdcSync
+    from jobs.cdc.sync import CdcSync
 
     sync = CdcSync.__new__(CdcSync)
     sync.reader = SimpleNamespace(items=queue.Queue())
@@ -226,7 +226,7 @@ def test_an_idle_batch_with_nothing_to_do_returns_empty() -> None:
 def test_catching_up_a_batch_waits_out_the_readers_pauses(monkeypatch) -> None:
     import time
 
-    import jobs.cdc_sync as cdc_sync
+    import jobs.cdc.sync as cdc_sync
 
     monkeypatch.setattr(cdc_sync, "CATCH_UP_GAP_SECONDS", 3.0)
     sync = _drainer(change_wait_seconds=5.0)

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ingest_case import Case
 
-from jobs.clickstream.kafka_source import _arrow_batch
-from jobs.clickstream.validation import MAX_FUTURE_MS, ClickEvent, Rejected, classify_payload
+from jobs.ingest.kafka_source import _arrow_batch
+from jobs.ingest.validation import MAX_FUTURE_MS, ClickEvent, Rejected, classify_payload
 
 RECORD_MS = 1_763_700_000_000
 GOOD = {
@@ -126,7 +126,7 @@ def test_a_record_without_a_timestamp_gets_only_the_absolute_upper_bound():
 
 def test_a_value_arrow_refuses_after_every_check_becomes_an_unconvertible_reject(monkeypatch):
     """The fallback for drift between the checks and the Arrow schema: found record by record."""
-    import jobs.clickstream.kafka_source as kafka_source
+    import jobs.ingest.kafka_source as kafka_source
 
     checked = kafka_source.valid_event_values
 

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 import pytest
 from ingest_case import DAY_MS, SEED_PRODUCT_NAMES, Case, assert_exactly_once, drain, keys, wait_for_line
 
-from jobs.gendata import VALID, generate_records
+from jobs.gendata.generator import VALID, generate_records
 
 pytestmark = pytest.mark.stack
 
@@ -174,7 +174,7 @@ def test_exactly_once_when_the_job_is_killed_mid_stream(lake_config, catalog):
 def test_sigterm_finishes_and_commits_the_current_batch(lake_config, catalog, tmp_path):
     """SIGTERM arrives while the first batch is fetched and not yet committed (a test hook holds the
     job there); the job must commit that batch, rejects included, and stop with exit 0."""
-    from jobs.clickstream.schema import OFFSETS_KEY, offsets_from_summary
+    from jobs.common.lake_tables import OFFSETS_KEY, offsets_from_summary
 
     case = Case(lake_config, "sigterm")
     produced = case.produce_generated(6000, seed=8, bad_ratio=0.05)

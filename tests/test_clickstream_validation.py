@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from jobs.clickstream.validation import (
+from jobs.ingest.validation import (
     MAX_PAYLOAD_BYTES,
     REQUIRED_FIELDS,
     ClickEvent,
@@ -110,8 +110,8 @@ def test_to_click_events_sets_event_time_day_and_left_joins_products(spark):
     from chispa import assert_df_equality
     from pyspark.sql import functions as F
 
-    from jobs.clickstream.schema import FETCHED_RECORD
-    from jobs.clickstream.validation import to_click_events, valid_click_events
+    from jobs.ingest.kafka_source import FETCHED_RECORD
+    from jobs.ingest.validation import to_click_events, valid_click_events
 
     late_ms = 1_763_596_799_999  # 2025-11-19T23:59:59.999Z
     fetched = spark.createDataFrame(

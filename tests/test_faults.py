@@ -17,7 +17,7 @@ import time
 import pytest
 from ingest_case import Case, assert_exactly_once, drain, keys, wait_for_line
 
-from jobs.gendata import VALID, generate_records, producer_config
+from jobs.gendata.generator import VALID, generate_records, producer_config
 from lakehouse.local.settings import load_or_create_secrets
 
 pytestmark = pytest.mark.stack

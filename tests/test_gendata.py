@@ -9,8 +9,8 @@ import uuid
 import pytest
 from support import run_cli
 
-from jobs.clickstream.validation import ClickEvent, Rejected, classify_payload
-from jobs.gendata import MALFORMED_KINDS, UIDS, VALID, generate_records
+from jobs.gendata.generator import MALFORMED_KINDS, UIDS, VALID, generate_records
+from jobs.ingest.validation import ClickEvent, Rejected, classify_payload
 
 
 def test_same_seed_gives_the_same_records():

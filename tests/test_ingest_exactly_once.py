@@ -13,7 +13,7 @@ import pytest
 from ingest_case import Case, assert_exactly_once, keys, run_until_idle
 
 from jobs.common.snapshot_progress import CONCURRENT_WRITER_EXIT
-from jobs.gendata import VALID
+from jobs.gendata.generator import VALID
 
 pytestmark = pytest.mark.stack
 
@@ -79,7 +79,7 @@ def test_a_commit_that_landed_but_reported_failure_is_not_appended_again(
 def test_a_second_writer_on_the_same_tables_aborts_with_a_clear_error(spark, lake_config, catalog):
     """Two instances resumed from the same offsets (a re-submitted step beside a live one): the one
     that commits second must not append the same range again."""
-    from jobs.clickstream_ingest import ConcurrentWriterError
+    from jobs.ingest.job import ConcurrentWriterError
 
     case = Case(lake_config, "two_writers")
     delivered = case.produce_generated(1500, seed=33, bad_ratio=0.1)

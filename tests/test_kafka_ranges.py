@@ -9,14 +9,14 @@ import time
 
 import pytest
 
-from jobs.clickstream.kafka_source import FetchSettings, OffsetRange, _read_range, plan_frame, plan_ranges
-from jobs.clickstream_ingest import (
+from jobs.config import LakehouseConfig
+from jobs.ingest.job import (
     EMPTY_FETCHES_BEHIND_WATERMARK,
     ClickstreamIngest,
     IngestSettings,
     TableProgress,
 )
-from jobs.config import LakehouseConfig
+from jobs.ingest.kafka_source import FetchSettings, OffsetRange, _read_range, plan_frame, plan_ranges
 
 
 class Message:

@@ -54,7 +54,7 @@ def test_spark_merge_is_read_back_by_pyiceberg_and_lakehouse_sql(spark, pyiceber
 WRITER = """
 import sys
 from jobs.config import LakehouseConfig
-from jobs.spark_session import build_spark
+from jobs.common.spark_session import build_spark
 worker, batches = int(sys.argv[1]), int(sys.argv[2])
 spark = build_spark(LakehouseConfig.local(), f"writer-{worker}", {"spark.driver.memory": "1g"})
 for batch in range(batches):

@@ -220,6 +220,7 @@ def _read_partition(bootstrap: str, partition: int) -> list[bytes]:
     return values
 
 
+@pytest.mark.stack
 def test_a_taken_port_gives_a_clear_error(tmp_path):
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", 0))
@@ -260,6 +261,7 @@ def test_down_keeps_data_and_up_recovers_stale_pid_files(private_env):
     assert b"durable" in _read_partition(bootstrap, 2)
 
 
+@pytest.mark.stack
 def test_down_purge_removes_all_state(tmp_path):
     env = {
         **os.environ,

@@ -1,4 +1,4 @@
-"""Table maintenance (`jobs/maintain.py`) against the real local catalog and warehouse.
+"""Table maintenance (`jobs/maintain`) against the real local catalog and warehouse.
 
 Each stack test builds its own click-like table (the ingest's DDL) from many small appends that carry
 progress keys in their snapshot summaries, runs the maintenance, and reads the table back.
@@ -17,11 +17,12 @@ import pytest
 from pyspark.sql import functions as F
 from support import run_cli
 
-from jobs.clickstream.schema import OFFSETS_KEY, fact_table_ddl, offsets_summary
+from jobs.common.lake_tables import OFFSETS_KEY, fact_table_ddl, offsets_summary
 from jobs.common.snapshot_progress import read_progress, retry_commit, writer_options
-from jobs.maintain import MaintainSettings, UnknownTableError, main, maintain_table, short_name
-from jobs.maintenance.procedures import error_summary, is_maintenance_conflict, rewrite_strategy
-from jobs.maintenance.retention import SnapshotInfo, expiry_plan
+from jobs.maintain.__main__ import main
+from jobs.maintain.job import MaintainSettings, UnknownTableError, maintain_table, short_name
+from jobs.maintain.procedures import error_summary, is_maintenance_conflict, rewrite_strategy
+from jobs.maintain.retention import SnapshotInfo, expiry_plan
 
 stack = pytest.mark.stack
 
@@ -310,7 +311,8 @@ def test_maintenance_while_appending_loses_nothing(spark, lake_config, drop_afte
 
 @stack
 def test_unknown_table_exits_2_with_the_known_tables(spark, monkeypatch, caplog):
-    monkeypatch.setattr("jobs.maintain.stop_spark", lambda _: None)  # keep the session's Spark running
+    # keep the session's Spark running
+    monkeypatch.setattr("jobs.maintain.__main__.stop_spark", lambda _: None)
     assert main(["--table", "ods_behavior.maint_no_such_table"]) == 2
     assert "no such table in catalog lakehouse: ods_behavior.maint_no_such_table" in caplog.text
     assert "Lake tables: " in caplog.text

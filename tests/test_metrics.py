@@ -124,8 +124,8 @@ def test_the_ingest_keeps_committing_when_its_metrics_sink_raises(
     file holds the last batch's figures."""
     from ingest_case import Case, assert_exactly_once, run_until_idle
 
-    from jobs.clickstream.kafka_source import FetchSettings
-    from jobs.clickstream_ingest import ClickstreamIngest, IngestSettings
+    from jobs.ingest.job import ClickstreamIngest, IngestSettings
+    from jobs.ingest.kafka_source import FetchSettings
 
     class RaisesThenWrites:
         def __init__(self) -> None:

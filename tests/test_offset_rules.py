@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.clickstream.offsets import OffsetsRegressed, advance, check_read_start, passes
-from jobs.product_views import (
+from jobs.ingest.offsets import OffsetsRegressed, advance, check_read_start, passes
+from jobs.views.job import (
     ANY_TOPIC,
     ClickOffsetsRegressed,
     Delta,

@@ -14,9 +14,9 @@ from decimal import Decimal
 import pytest
 from support import LAKEHOUSE_BIN, REPO
 
-from jobs.clickstream.schema import OFFSETS_KEY, fact_table_ddl, offsets_summary, products_table_ddl
+from jobs.common.lake_tables import OFFSETS_KEY, fact_table_ddl, offsets_summary, products_table_ddl
 from jobs.common.snapshot_progress import ConcurrentWriterError, with_snapshot_properties
-from jobs.product_views import (
+from jobs.views.job import (
     ANY_TOPIC,
     PROGRESS_KEY,
     ClickOffsetsRegressed,
@@ -68,9 +68,9 @@ def test_views_equal_the_group_by_after_ingest_price_change_compaction_and_expir
 ) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from jobs.clickstream_ingest import ClickstreamIngest, IngestSettings
     from jobs.common.run_modes import RunMode, StopRequest, run_batches
-    from jobs.gendata import generate_records, produce, producer_config
+    from jobs.gendata.generator import generate_records, produce, producer_config
+    from jobs.ingest.job import ClickstreamIngest, IngestSettings
 
     admin = AdminClient({"bootstrap.servers": lake_config.kafka.bootstrap})
     admin.create_topics([NewTopic(names["topic"], PARTITIONS, 1)])[names["topic"]].result(timeout=30)
@@ -244,7 +244,7 @@ def test_views_restarts_neither_skip_nor_double_count(spark, names) -> None:
 def test_a_second_views_job_that_commits_inside_the_race_window_is_rejected(spark, names, monkeypatch):
     """The other job commits after this one checked the stored watermark but before it writes:
     the exclusive overwrite (validated from the snapshot it checked) must fail, not double-count."""
-    import jobs.product_views as views_module
+    import jobs.views.job as views_module
 
     for statement in fact_table_ddl(names["clicks"]):
         spark.sql(statement)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from jobs.common.run_modes import RunMode
-from jobs.streaming import StreamingApplication, StreamingOptions
+from jobs.streaming.application import StreamingApplication, StreamingOptions
 
 
 class ScriptedJob:

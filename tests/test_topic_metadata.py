@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from jobs.clickstream.kafka_source import BrokerUnavailable, TopicMetadata
+from jobs.ingest.kafka_source import BrokerUnavailable, TopicMetadata
 
 pytestmark = pytest.mark.stack
 

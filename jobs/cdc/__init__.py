@@ -1,1 +1,2 @@
-"""MySQL/MariaDB binlog CDC into Iceberg dimension tables; `jobs.cdc_sync` wires these modules."""
+"""The CDC job (`lakehouse run cdc`): MySQL/MariaDB binlog -> Iceberg dimension tables. `sync.py` is
+the job (`CdcSync`); the other modules are its pure parts and its reads of the source."""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from jobs.cdc.schema_mapping import SourceColumn
+from jobs.common import progress_keys
 
 # Snapshot summary key holding the binlog position a commit brings the table up to (JSON: file,
 # pos, gtid). Written in the same commit as the rows, so data and position never disagree.
-POSITION_KEY = "lakehouse.cdc.position"
+POSITION_KEY = progress_keys.CDC_POSITION
 
 # Copy-on-write, not merge-on-read: the dimension tables are small (thousands to low millions of
 # rows) and the clickstream ingest joins against them on every micro-batch, so reads dominate.

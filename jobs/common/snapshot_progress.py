@@ -21,6 +21,8 @@ from tenacity import (
     wait_exponential,
 )
 
+from jobs.common import progress_keys
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -39,7 +41,7 @@ def read_progress(spark, table: str, key: str) -> str | None:
 
 # Every progress commit also carries a unique id, so a writer can tell whether a commit whose
 # outcome it never learned (a timeout, CommitStateUnknownException) landed after all.
-COMMIT_ID_KEY = "lakehouse.commit-id"
+COMMIT_ID_KEY = progress_keys.COMMIT_ID
 
 
 class ConcurrentWriterError(RuntimeError):

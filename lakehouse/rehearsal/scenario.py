@@ -179,7 +179,7 @@ class Rehearsal:
         return {"AWS_ENDPOINT_URL": moto.endpoint, **moto.credentials}
 
     def _node(self, assembly: CloudAssembly, s3: LocalS3, moto: MotoServer) -> EmrNode:
-        from jobs.spark_session import local_spark_jars
+        from jobs.common.spark_session import local_spark_jars
 
         root = self.subs.local.node_root
         configurations = cluster_configurations(assembly, self.resolver)

@@ -28,9 +28,10 @@ from functools import cache
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, TopicPartition
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, IntegerType, LongType, StringType, StructField, StructType
 
-from jobs.clickstream.schema import FETCHED_RECORD
-from jobs.clickstream.validation import (
+from jobs.config import ConfigError
+from jobs.ingest.validation import (
     REQUIRED_FIELDS,
     ClickEvent,
     RejectReason,
@@ -38,9 +39,27 @@ from jobs.clickstream.validation import (
     raw_payload_text,
     valid_event_values,
 )
-from jobs.config import ConfigError
 
 log = logging.getLogger(__name__)
+
+# What an executor task returns per Kafka record: lineage, and either the parsed fields (valid)
+# or the reason plus the raw payload (reject).
+FETCHED_RECORD = StructType(
+    [
+        StructField("kafka_partition", IntegerType(), False),
+        StructField("kafka_offset", LongType(), False),
+        StructField("kafka_timestamp_ms", LongType(), True),
+        StructField("reject_reason", StringType(), True),
+        StructField("raw_payload", StringType(), True),
+        StructField("payload_is_base64", BooleanType(), True),
+        StructField("webpageId", IntegerType(), True),
+        StructField("uid", StringType(), True),
+        StructField("productId", StringType(), True),
+        StructField("cookieId", StringType(), True),
+        StructField("expendTime", IntegerType(), True),
+        StructField("updateTime", LongType(), True),
+    ]
+)
 
 # The consumer never joins this group (partitions are assigned); librdkafka just wants an id.
 FETCH_GROUP_ID = "lakehouse-clickstream-ingest"

@@ -1,4 +1,4 @@
-"""Freshness of the click table: produced -> visible, per event, from the table's own snapshots.
+"""Click latency (the demo's freshness figure): produced -> visible in the click table, per event.
 
 Each ingest commit's summary carries the Kafka offsets it covers (`lakehouse.kafka.offsets`), so an
 event (partition, offset) became visible at the commit time of the first snapshot whose end offset
@@ -11,10 +11,10 @@ import statistics
 import threading
 from collections import deque
 
-from jobs.clickstream.schema import OFFSETS_KEY, offsets_from_summary
+from jobs.common.lake_tables import OFFSETS_KEY, offsets_from_summary
 
 
-class FreshnessTracker:
+class ClickLatencyTracker:
     def __init__(self, topic: str) -> None:
         self.topic = topic
         self._pending: dict[int, deque[tuple[int, float]]] = {}

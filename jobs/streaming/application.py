@@ -2,8 +2,8 @@
 
 The same module is an EMR step. One SparkSession; each job's batch loop runs in its own thread
 with its own FAIR scheduler pool, so a slow MERGE in one job never holds back another's fetch.
-The per-job entry points (`jobs.cdc_sync`, `jobs.clickstream_ingest`, `jobs.product_views`) stay:
-they are what scales out on a big cluster.
+The per-job entry points (`python -m jobs.cdc`, `jobs.ingest`, `jobs.views`) stay: they are what
+scales out on a big cluster.
 
 Exactly-once is each job's own (progress is committed with the data), so this module only runs and
 supervises them:
@@ -20,7 +20,6 @@ supervises them:
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -28,44 +27,28 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
 
-from jobs.clickstream.offsets import OffsetsRegressed
-from jobs.common.job_args import (
-    JobArgumentParser,
-    add_environment_args,
-    config_from_args,
-    reports_config_errors,
-)
-from jobs.common.metrics import NO_METRICS, MetricsSink, metrics_sink_for
-from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
+from jobs.common.metrics import NO_METRICS, MetricsSink
+from jobs.common.run_modes import RunMode, StopRequest, run_batches
 from jobs.common.snapshot_progress import CONCURRENT_WRITER_EXIT, ConcurrentWriterError
+from jobs.common.streaming_job import StreamingJob
 from jobs.config import ConfigError, LakehouseConfig
+from jobs.ingest.offsets import OffsetsRegressed
+from jobs.registry import JOBS, Kind, names
 
 log = logging.getLogger("streaming")
 
-JOB_NAMES = ("cdc", "ingest", "views")
+JOB_NAMES = names(Kind.STREAMING)
 # What each job consumes: it starts after its upstream is prepared, and with --until-idle it stops
 # only after its upstream finished.
-UPSTREAM = {"ingest": "cdc", "views": "ingest"}
+UPSTREAM = {name: JOBS[name].upstream for name in JOB_NAMES if JOBS[name].upstream}
 # Needs an operator: restarting would fail again, or worse.
 FATAL_ERRORS: tuple[type[BaseException], ...] = (ConcurrentWriterError, OffsetsRegressed, ConfigError)
 FAILURE_WINDOW_SECONDS = 3600.0
 MAX_BACKOFF_SECONDS = 60.0
-PROBLEM_SHOWN_SECONDS = 30.0  # a reconnect this recent is still shown as the job's problem
-
-
-class StreamingJob(Protocol):
-    def prepare(self) -> None: ...
-    def run_batch(self) -> int: ...
-    def finish(self) -> None: ...  # a clean stop: commit what is held
-    def close(self) -> None: ...  # always, also after a failure: release readers and clients
-    def lag_seconds(self) -> float | None: ...
-    def reached_end(self) -> bool: ...  # --until-idle: its source has nothing more (CDC only)
-    def problem(self) -> str | None: ...  # a condition it is riding out (the source unreachable)
 
 
 JobFactory = Callable[[StopRequest], StreamingJob]
@@ -92,132 +75,29 @@ class StreamingOptions:
     first_backoff_seconds: float = 2.0
 
 
-# ---- the three jobs, behind one small interface -----------------------------------------------------
-
-
-class CdcJob:
-    def __init__(self, spark, config: LakehouseConfig, mode: RunMode, metrics: MetricsSink) -> None:
-        from jobs.cdc_sync import DEFAULT_TABLES, CdcSync, TableSpec
-
-        specs = [TableSpec.parse(t, config) for t in DEFAULT_TABLES]
-        self.sync = CdcSync(
-            spark, config, specs, metrics=metrics, warm_up=True, change_wait_seconds=mode.trigger_seconds
-        )
-        self._until_idle = mode.until_idle
-        self._target = None
-
-    def prepare(self) -> None:
-        from jobs.cdc import source_db
-        from jobs.cdc.binlog_reader import BinlogPosition
-
-        self.sync.start()
-        if self._until_idle:
-            conn = self.sync._connect()
-            try:
-                self._target = BinlogPosition(*source_db.master_position(conn))
-            finally:
-                conn.close()
-
-    def run_batch(self) -> int:
-        return self.sync.run_batch()
-
-    def finish(self) -> None:
-        for error in self.sync.errors:  # a table stopped (unsupported DDL, ...): the others go on
-            log.error("cdc: %s", error)
-
-    def close(self) -> None:
-        # Its binlog reader: left running, it would share the server id with the restarted job's
-        # reader, and MySQL drops one of two dump threads with the same id whenever one connects.
-        self.sync.close()
-
-    def lag_seconds(self) -> float | None:
-        return self.sync.last_report.lag_seconds if self.sync.last_report.position else None
-
-    def problem(self) -> str | None:
-        reader = self.sync.reader
-        failed = reader.connection_error if reader is not None else None
-        if failed is None or time.monotonic() - failed[0] > PROBLEM_SHOWN_SECONDS:
-            return "; ".join(self.sync.errors) or None
-        return f"binlog connection lost, reconnecting ({failed[1][:200]})"
-
-    def reached_end(self) -> bool:
-        return self.sync.all_stopped or (self._target is not None and self.sync.caught_up(self._target))
-
-
-class IngestJob:
-    def __init__(self, spark, config: LakehouseConfig, stop: StopRequest, metrics: MetricsSink) -> None:
-        from jobs.clickstream.schema import FACT_TABLE, PRODUCTS_TABLE, REJECTS_TABLE
-        from jobs.clickstream_ingest import ClickstreamIngest, IngestSettings
-
-        settings = IngestSettings(
-            topic=config.kafka.topic,
-            fact_table=config.table(*FACT_TABLE),
-            rejects_table=config.table(*REJECTS_TABLE),
-            products_table=config.table(*PRODUCTS_TABLE),
-        )
-        self.ingest = ClickstreamIngest(spark, config, settings, stop, metrics)
-
-    def prepare(self) -> None:
-        self.ingest.prepare()
-
-    def run_batch(self) -> int:
-        return self.ingest.run_batch()
-
-    def finish(self) -> None:
-        self.ingest.finish()
-
-    def close(self) -> None:
-        self.ingest.close()
-
-    def lag_seconds(self) -> float | None:
-        return self.ingest.last_lag_seconds
-
-    def reached_end(self) -> bool:
-        return False  # idle after its upstream finished is its end
-
-    def problem(self) -> str | None:
-        return None
-
-
-class ViewsJob:
-    def __init__(self, spark, config: LakehouseConfig, metrics: MetricsSink) -> None:
-        from jobs.clickstream.schema import FACT_TABLE
-        from jobs.product_views import VIEWS_TABLE, ProductViews, ViewsSettings
-
-        settings = ViewsSettings(
-            clicks_table=config.table(*FACT_TABLE), views_table=config.table(*VIEWS_TABLE)
-        )
-        self.views = ProductViews(spark, settings, metrics)
-
-    def prepare(self) -> None:
-        self.views.prepare()
-
-    def run_batch(self) -> int:
-        return self.views.run_batch()
-
-    def finish(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def lag_seconds(self) -> float | None:
-        return self.views.last_lag_seconds
-
-    def reached_end(self) -> bool:
-        return False  # idle after its upstream finished is its end
-
-    def problem(self) -> str | None:
-        return None
+# ---- the jobs: each is a StreamingJob itself -----------------------------------------------------------
 
 
 def default_factories(
     spark, config: LakehouseConfig, mode: RunMode, metrics: MetricsSink = NO_METRICS
 ) -> dict[str, JobFactory]:
+    from jobs.cdc.sync import DEFAULT_TABLES, CdcSync, TableSpec
+    from jobs.ingest.job import ClickstreamIngest, IngestSettings
+    from jobs.views.job import ProductViews, ViewsSettings
+
+    def cdc(stop: StopRequest) -> StreamingJob:
+        specs = [TableSpec.parse(t, config) for t in DEFAULT_TABLES]
+        return CdcSync(
+            spark, config, specs, metrics=metrics, warm_up=True,
+            change_wait_seconds=mode.trigger_seconds, stop_at_source_end=mode.until_idle,
+        )  # fmt: skip
+
     return {
-        "cdc": lambda stop: CdcJob(spark, config, mode, metrics),
-        "ingest": lambda stop: IngestJob(spark, config, stop, metrics),
-        "views": lambda stop: ViewsJob(spark, config, metrics),
+        "cdc": cdc,
+        "ingest": lambda stop: ClickstreamIngest(
+            spark, config, IngestSettings.default(config), stop, metrics
+        ),
+        "views": lambda stop: ProductViews(spark, ViewsSettings.default(config), metrics),
     }
 
 
@@ -387,34 +267,6 @@ class StreamingApplication:
 # ---- entry point -------------------------------------------------------------------------------------
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = JobArgumentParser(
-        prog="lakehouse run streaming",
-        description="CDC, ingest and product views in one Spark application (one thread and FAIR pool each).",
-    )
-    add_environment_args(parser)
-    add_run_mode_args(parser)
-    parser.add_argument(
-        "--jobs",
-        default=",".join(JOB_NAMES),
-        help=f"comma-separated subset of {','.join(JOB_NAMES)} (default: all)",
-    )
-    parser.add_argument(
-        "--max-failures",
-        type=int,
-        default=StreamingOptions.max_failures,
-        help="a job failing more often than this within an hour stops the application (default 5)",
-    )
-    parser.add_argument("--status-file", type=Path, help="write the jobs' state here as JSON every second")
-    args = parser.parse_args(list(argv))
-    jobs = tuple(j.strip() for j in args.jobs.split(",") if j.strip())
-    unknown = sorted(set(jobs) - set(JOB_NAMES))
-    if unknown or not jobs:
-        parser.error(f"--jobs {args.jobs!r}: choose from {', '.join(JOB_NAMES)}")
-    args.jobs = tuple(j for j in JOB_NAMES if j in jobs)  # upstream first
-    return args
-
-
 def job_spark_conf() -> dict[str, str]:
     return {
         "spark.scheduler.mode": "FAIR",
@@ -422,34 +274,3 @@ def job_spark_conf() -> dict[str, str]:
         "spark.cleaner.periodicGC.interval": "2min",
         "spark.ui.showConsoleProgress": "false",
     }
-
-
-@reports_config_errors
-def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s"
-    )
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    config = config_from_args(args)
-    options = StreamingOptions(
-        jobs=args.jobs,
-        mode=RunMode.from_args(args),
-        max_failures=args.max_failures,
-        status_file=args.status_file,
-    )
-    from jobs.spark_session import build_spark, stop_spark
-
-    stop = StopRequest().install()
-    spark = build_spark(config, "streaming", job_spark_conf())
-    metrics = metrics_sink_for(config)
-    try:
-        factories = default_factories(spark, config, options.mode, metrics)
-        return StreamingApplication(spark, options, factories, stop).run()
-    finally:
-        metrics.close()
-        stop_spark(spark)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

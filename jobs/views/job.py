@@ -16,10 +16,8 @@ job stops with an error instead of silently counting nothing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -29,18 +27,10 @@ from datetime import UTC, datetime
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.clickstream.schema import FACT_TABLE, OFFSETS_KEY
-from jobs.clickstream.validation import offsets_at_or_after
-from jobs.common.job_args import (
-    JobArgumentParser,
-    add_environment_args,
-    config_from_args,
-    reports_config_errors,
-)
-from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink, guarded, metrics_sink_for
-from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
+from jobs.common import progress_keys
+from jobs.common.lake_tables import FACT_TABLE, OFFSETS_KEY, VIEWS_TABLE, offsets_at_or_after
+from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink, guarded
 from jobs.common.snapshot_progress import (
-    CONCURRENT_WRITER_EXIT,
     ConcurrentWriterError,
     exclusive_append_options,
     progress_as_of,
@@ -48,13 +38,12 @@ from jobs.common.snapshot_progress import (
     retry_commit,
     writer_options,
 )
+from jobs.common.streaming_job import StreamingJob
 from jobs.config import LakehouseConfig
-from jobs.spark_session import build_spark, stop_spark
 
 log = logging.getLogger("product_views")
 
-VIEWS_TABLE = ("ads_behavior", "product_views")
-PROGRESS_KEY = "lakehouse.views.click-offsets"
+PROGRESS_KEY = progress_keys.VIEWS_CLICK_OFFSETS
 GROUP_COLUMNS = ("productId", "name", "product_price")
 
 Watermark = dict[int, int]  # kafka partition -> next click offset not yet counted
@@ -187,8 +176,12 @@ class ViewsSettings:
     clicks_table: str
     views_table: str
 
+    @classmethod
+    def default(cls, config: LakehouseConfig) -> ViewsSettings:
+        return cls(clicks_table=config.table(*FACT_TABLE), views_table=config.table(*VIEWS_TABLE))
 
-class ProductViews:
+
+class ProductViews(StreamingJob):
     """Holds the watermark between batches; `run_batch` is one incremental update."""
 
     def __init__(
@@ -208,6 +201,15 @@ class ProductViews:
         self.spark.sql(views_table_ddl(self.settings.views_table))
         self.topic, self.watermark = self._stored_watermark()
         log.info("resuming %s from %s offsets %s", self.settings.views_table, self.topic, self.watermark)
+
+    def finish(self) -> None:
+        pass  # every batch commits what it counted
+
+    def close(self) -> None:
+        pass  # holds no client
+
+    def lag_seconds(self) -> float | None:
+        return self.last_lag_seconds
 
     def _stored_watermark(self) -> tuple[str, Watermark]:
         return watermark_from_summary(read_progress(self.spark, self.settings.views_table, PROGRESS_KEY))
@@ -315,52 +317,3 @@ class ProductViews:
 
 
 # ---- entry point ---------------------------------------------------------------------------------------
-
-
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = JobArgumentParser(
-        prog="lakehouse run views",
-        description="Maintain ads_behavior.product_views incrementally from the click table.",
-    )
-    add_environment_args(parser)
-    add_run_mode_args(parser)
-    parser.add_argument("--clicks-table", help="default lakehouse.ods_behavior.clickevent")
-    parser.add_argument("--views-table", help="default lakehouse.ads_behavior.product_views")
-    return parser.parse_args(list(argv))
-
-
-def settings_from_args(args: argparse.Namespace, config: LakehouseConfig) -> ViewsSettings:
-    return ViewsSettings(
-        clicks_table=args.clicks_table or config.table(*FACT_TABLE),
-        views_table=args.views_table or config.table(*VIEWS_TABLE),
-    )
-
-
-@reports_config_errors
-def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    config = config_from_args(args)
-    stop = StopRequest().install()
-    spark = build_spark(config, "product_views")
-    metrics = metrics_sink_for(config)
-    try:
-        views = ProductViews(spark, settings_from_args(args, config), metrics)
-        views.prepare()
-        total = run_batches(views.run_batch, RunMode.from_args(args), stop)
-        log.info("stopped after %d batches, %d views counted", views.batches, total)
-    except ConcurrentWriterError as exc:
-        log.error("%s", exc)
-        return CONCURRENT_WRITER_EXIT
-    except ClickOffsetsRegressed as exc:
-        log.error("%s", exc)
-        return 1
-    finally:
-        metrics.close()
-        stop_spark(spark)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

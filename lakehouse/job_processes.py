@@ -1,6 +1,6 @@
-"""Run pipeline jobs as supervised child processes (`python -m jobs.<module>`, like an EMR step).
+"""Run pipeline jobs as child processes (`python -m jobs.<job>`, as an EMR step runs `emr_step.py <job>`).
 
-Each child logs to its own file; the supervisor notices a child that died, says which and shows
+Each child logs to its own file; `JobProcesses` notices a child that died, says which and shows
 the end of its log, and stops the others with SIGTERM (the jobs finish and commit their batch).
 """
 
@@ -15,13 +15,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobs.registry import job as registered_job
 from lakehouse.local.process import StackError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class JobFailed(StackError):
-    """A supervised job exited on its own; the message carries the end of its log."""
+    """A job child process exited on its own; the message carries the end of its log."""
 
 
 @dataclass
@@ -41,17 +42,17 @@ class Job:
         return re.search(pattern, text)
 
 
-class Supervisor:
+class JobProcesses:
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         self.jobs: dict[str, Job] = {}
 
-    def start(self, name: str, module: str, *args: str, ready_pattern: str) -> Job:
+    def start(self, name: str, *args: str, ready_pattern: str) -> Job:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
-        argv = [sys.executable, "-m", module, *args]
+        argv = [sys.executable, "-m", registered_job(name).package, *args]
         with log_path.open("w") as log:
-            # Own session: a terminal Ctrl-C reaches the supervisor only, which then stops the
+            # Own session: a terminal Ctrl-C reaches this process only, which then stops the
             # children in order instead of all of them racing.
             process = subprocess.Popen(
                 argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -102,11 +103,11 @@ class Supervisor:
         return codes
 
 
-def run_job(module: str, *args: str, timeout: float = 900, width: int = 120) -> subprocess.CompletedProcess:
+def run_job(name: str, *args: str, timeout: float = 900, width: int = 120) -> subprocess.CompletedProcess:
     """Run a one-shot job (report, maintenance) to completion, output captured; `width` is the
     terminal width its tables are rendered for."""
     return subprocess.run(
-        [sys.executable, "-m", module, *args],
+        [sys.executable, "-m", registered_job(name).package, *args],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

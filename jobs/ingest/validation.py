@@ -206,14 +206,6 @@ def valid_event_values(payload: bytes | None, record_time_ms: int | None) -> tup
 # ---- DataFrame transforms ------------------------------------------------------------------------
 
 
-def offsets_at_or_after(starts: dict[int, int]) -> Column:
-    """Rows whose offset is at or after their partition's start (drops what a table already has)."""
-    condition = F.lit(False)
-    for partition, start in starts.items():
-        condition = condition | ((F.col("kafka_partition") == partition) & (F.col("kafka_offset") >= start))
-    return condition
-
-
 def valid_click_events(fetched: DataFrame) -> DataFrame:
     return fetched.where(F.col("reject_reason").isNull())
 

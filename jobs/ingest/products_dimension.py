@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, StringType, StructField, StructType, TimestampType
 
-from jobs.clickstream.schema import products_table_ddl
+from jobs.common.lake_tables import products_table_ddl
 from jobs.config import LakehouseConfig, MySqlConfig
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from typing import TypeVar
 from tenacity import RetryCallState, retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from jobs.common.snapshot_progress import is_commit_conflict
-from jobs.maintenance.retention import PROGRESS_PREFIX, ExpiryPlan, SnapshotInfo, expiry_plan
+from jobs.maintain.retention import PROGRESS_PREFIX, ExpiryPlan, SnapshotInfo, expiry_plan
 
 log = logging.getLogger("maintain")
 T = TypeVar("T")

@@ -1,24 +1,24 @@
-"""Tables the clickstream ingest writes, and the progress key it stores in their snapshots."""
+"""The lake's tables that more than one job touches: their ids, the shared DDL, and the Kafka lineage
+the click tables carry (each row's partition and offset; the ingest's progress key)."""
 
 from __future__ import annotations
 
 import json
 
-from pyspark.sql.types import (
-    BooleanType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql import Column
+from pyspark.sql import functions as F
 
-FACT_TABLE = ("ods_behavior", "clickevent")
+from jobs.common import progress_keys
+
+FACT_TABLE = ("ods_behavior", "clickevent")  # written by ingest, read by views and report
 REJECTS_TABLE = ("ods_behavior", "clickevent_rejects")
-PRODUCTS_TABLE = ("dim_db", "products")
+PRODUCTS_TABLE = ("dim_db", "products")  # written by cdc, read by ingest and report
+MEMBERS_TABLE = ("dim_db", "user_member")  # written by cdc, read by report
+VIEWS_TABLE = ("ads_behavior", "product_views")  # written by views
+REPORT_TABLE = ("ads_behavior", "member_daily_report")  # written by report
 
 # Snapshot-summary key holding `{"<topic>": {"<partition>": next_offset, ...}}`.
-OFFSETS_KEY = "lakehouse.kafka.offsets"
+OFFSETS_KEY = progress_keys.KAFKA_OFFSETS
 
 
 def offsets_from_summary(value: str | None, topic: str) -> dict[int, int]:
@@ -31,25 +31,6 @@ def offsets_from_summary(value: str | None, topic: str) -> dict[int, int]:
 def offsets_summary(topic: str, offsets: dict[int, int]) -> str:
     return json.dumps({topic: {str(p): offsets[p] for p in sorted(offsets)}}, separators=(",", ":"))
 
-
-# What an executor task returns per Kafka record: lineage, and either the parsed fields (valid)
-# or the reason plus the raw payload (reject).
-FETCHED_RECORD = StructType(
-    [
-        StructField("kafka_partition", IntegerType(), False),
-        StructField("kafka_offset", LongType(), False),
-        StructField("kafka_timestamp_ms", LongType(), True),
-        StructField("reject_reason", StringType(), True),
-        StructField("raw_payload", StringType(), True),
-        StructField("payload_is_base64", BooleanType(), True),
-        StructField("webpageId", IntegerType(), True),
-        StructField("uid", StringType(), True),
-        StructField("productId", StringType(), True),
-        StructField("cookieId", StringType(), True),
-        StructField("expendTime", IntegerType(), True),
-        StructField("updateTime", LongType(), True),
-    ]
-)
 
 # Applies to both tables: metadata files are cleaned up on commit, and several writers (this job,
 # compaction, the CDC and view jobs) may race, so commits retry more than the default 4 times.
@@ -103,3 +84,11 @@ def products_table_ddl(table: str) -> list[str]:
             TBLPROPERTIES ('format-version'='2')""",
         f"ALTER TABLE {table} SET IDENTIFIER FIELDS productId",
     ]
+
+
+def offsets_at_or_after(starts: dict[int, int]) -> Column:
+    """Rows whose offset is at or after their partition's start (drops what a table already has)."""
+    condition = F.lit(False)
+    for partition, start in starts.items():
+        condition = condition | ((F.col("kafka_partition") == partition) & (F.col("kafka_offset") >= start))
+    return condition

@@ -1,4 +1,4 @@
-"""Job `clickstream_ingest`: Kafka `clicktopic` -> `ods_behavior.clickevent` (+ rejects), exactly once.
+"""Job `ingest`: Kafka `clicktopic` -> `ods_behavior.clickevent` (+ rejects), exactly once.
 
 Each micro-batch:
 1. plans one offset range per partition, starting where the tables' snapshots say (the offsets are
@@ -18,11 +18,9 @@ the same module is the EMR step.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import logging
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -30,48 +28,23 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.clickstream.kafka_auth import kafka_client_config
-from jobs.clickstream.kafka_source import (
-    BrokerUnavailable,
-    FetchSettings,
-    PartitionStats,
-    TopicMetadata,
-    check_topic,
-    fetch_ranges,
-    materialize_with_stats,
-    plan_ranges,
-)
-from jobs.clickstream.offsets import Offsets, OffsetsRegressed, advance, check_read_start, passes
-from jobs.clickstream.products_dimension import ensure_products_dimension, read_products
-from jobs.clickstream.schema import (
+from jobs.common.fault_injection import crash_point, rendezvous
+from jobs.common.kafka_client import kafka_client_config
+from jobs.common.lake_tables import (
     FACT_TABLE,
     OFFSETS_KEY,
     PRODUCTS_TABLE,
     REJECTS_TABLE,
     fact_table_ddl,
+    offsets_at_or_after,
     offsets_from_summary,
     offsets_summary,
     rejects_table_ddl,
 )
-from jobs.clickstream.validation import (
-    offsets_at_or_after,
-    rejected_records,
-    to_click_events,
-    to_rejects,
-    valid_click_events,
-)
-from jobs.common.fault_injection import crash_point, rendezvous
-from jobs.common.job_args import (
-    JobArgumentParser,
-    add_environment_args,
-    config_from_args,
-    reports_config_errors,
-)
-from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink, guarded, metrics_sink_for
-from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
+from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink, guarded
+from jobs.common.run_modes import StopRequest
 from jobs.common.snapshot_progress import (
     COMMIT_ID_KEY,
-    CONCURRENT_WRITER_EXIT,
     ConcurrentWriterError,
     exclusive_append_options,
     find_commit,
@@ -80,8 +53,25 @@ from jobs.common.snapshot_progress import (
     retry_commit,
     writer_options,
 )
+from jobs.common.streaming_job import StreamingJob
 from jobs.config import KafkaConfig, LakehouseConfig
-from jobs.spark_session import build_spark, stop_spark
+from jobs.ingest.kafka_source import (
+    BrokerUnavailable,
+    FetchSettings,
+    PartitionStats,
+    TopicMetadata,
+    fetch_ranges,
+    materialize_with_stats,
+    plan_ranges,
+)
+from jobs.ingest.offsets import Offsets, advance, check_read_start, passes
+from jobs.ingest.products_dimension import ensure_products_dimension, read_products
+from jobs.ingest.validation import (
+    rejected_records,
+    to_click_events,
+    to_rejects,
+    valid_click_events,
+)
 
 log = logging.getLogger("clickstream_ingest")
 
@@ -100,6 +90,15 @@ class IngestSettings:
     # Held rejects are committed once this long passed since the last rejects commit (checked after
     # every batch), sooner when many records are held, and on a clean stop.
     rejects_commit_seconds: float = 10.0
+
+    @classmethod
+    def default(cls, config: LakehouseConfig) -> IngestSettings:
+        return cls(
+            topic=config.kafka.topic,
+            fact_table=config.table(*FACT_TABLE),
+            rejects_table=config.table(*REJECTS_TABLE),
+            products_table=config.table(*PRODUCTS_TABLE),
+        )
 
 
 # ---- offsets in snapshot summaries -----------------------------------------------------------------
@@ -140,7 +139,7 @@ class BatchResult:
 EMPTY_FETCHES_BEHIND_WATERMARK = 5
 
 
-class ClickstreamIngest:
+class ClickstreamIngest(StreamingJob):
     """Holds the per-table offsets between batches; `run_batch` is one micro-batch."""
 
     def __init__(
@@ -261,6 +260,9 @@ class ClickstreamIngest:
     def close(self) -> None:
         """Release the broker clients (also after a failure; idempotent)."""
         self._metadata.close()
+
+    def lag_seconds(self) -> float | None:
+        return self.last_lag_seconds
 
     def _starts(self, partitions: list[int]) -> tuple[Offsets, Offsets, Offsets]:
         fact = {p: self.fact.offsets.get(p, 0) for p in partitions}
@@ -465,69 +467,3 @@ class ClickstreamIngest:
 def job_spark_conf() -> dict[str, str]:
     # Materialized batches are released by the context cleaner; run it often in a long job.
     return {"spark.cleaner.periodicGC.interval": "2min", "spark.ui.showConsoleProgress": "false"}
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = JobArgumentParser(
-        prog="lakehouse run ingest",
-        description="Exactly-once ingest of ClickEvents from Kafka into Iceberg (fact + rejects).",
-    )
-    add_environment_args(parser)
-    add_run_mode_args(parser, default_trigger=1.0)
-    group = parser.add_argument_group("ingest")
-    group.add_argument("--topic", help="Kafka topic (default from config: clicktopic)")
-    group.add_argument("--fact-table", help="default lakehouse.ods_behavior.clickevent")
-    group.add_argument("--rejects-table", help="default lakehouse.ods_behavior.clickevent_rejects")
-    group.add_argument("--products-table", help="default lakehouse.dim_db.products")
-    group.add_argument(
-        "--max-records-per-partition",
-        type=int,
-        default=FetchSettings.max_records_per_partition,
-        help="cap per partition per micro-batch",
-    )
-    group.add_argument("--log-level", default="INFO")
-    return parser.parse_args(argv)
-
-
-def settings_from_args(args: argparse.Namespace, config: LakehouseConfig) -> IngestSettings:
-    return IngestSettings(
-        topic=args.topic or config.kafka.topic,
-        fact_table=args.fact_table or config.table(*FACT_TABLE),
-        rejects_table=args.rejects_table or config.table(*REJECTS_TABLE),
-        products_table=args.products_table or config.table(*PRODUCTS_TABLE),
-        fetch=FetchSettings(max_records_per_partition=args.max_records_per_partition),
-    )
-
-
-@reports_config_errors
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    config = config_from_args(args)
-    settings = settings_from_args(args, config)
-    check_topic(kafka_client_config(config.kafka), settings.topic)  # before any table is created
-    stop = StopRequest().install()
-    spark = build_spark(config, "clickstream_ingest", job_spark_conf())
-    metrics = metrics_sink_for(config)
-    try:
-        ingest = ClickstreamIngest(spark, config, settings, stop, metrics)
-        ingest.prepare()
-        total = run_batches(ingest.run_batch, RunMode.from_args(args), stop)
-        ingest.finish()
-        log.info("stopped after %d batches, %d records", ingest.batches, total)
-    except ConcurrentWriterError as exc:
-        log.error("%s", exc)
-        return CONCURRENT_WRITER_EXIT
-    except OffsetsRegressed as exc:
-        log.error("%s", exc)
-        return 1
-    finally:
-        metrics.close()
-        stop_spark(spark)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-PROGRESS_PREFIX = "lakehouse."
+from jobs.common import progress_keys
+
+PROGRESS_PREFIX = progress_keys.PREFIX  # every key in jobs/common/progress_keys.py
 
 
 @dataclass(frozen=True)

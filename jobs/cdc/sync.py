@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import queue
 import sys
@@ -35,15 +34,10 @@ from jobs.cdc.binlog_reader import BinlogPosition, BinlogReader, DdlEvent, Trans
 from jobs.cdc.change_batch import RowChange, last_change_per_key
 from jobs.cdc.position_check import position_problem
 from jobs.cdc.schema_mapping import UnsupportedType
-from jobs.common.job_args import (
-    JobArgumentParser,
-    add_environment_args,
-    config_from_args,
-    reports_config_errors,
-)
-from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink, guarded, metrics_sink_for
-from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args, run_batches
+from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink, guarded
+from jobs.common.run_modes import RunMode, StopRequest, run_batches
 from jobs.common.snapshot_progress import CONCURRENT_WRITER_EXIT, ConcurrentWriterError
+from jobs.common.streaming_job import StreamingJob
 from jobs.config import SOURCE_DATABASE, ConfigError, LakehouseConfig
 
 log = logging.getLogger("cdc_sync")
@@ -59,6 +53,7 @@ CATCH_UP_GAP_SECONDS = 0.5
 # A quiet table's stored position follows the binlog at most this often: far below the source's
 # binlog retention (24 h on RDS), and a restart re-reads at most this much of the binlog.
 PROGRESS_SECONDS = 60.0
+PROBLEM_SHOWN_SECONDS = 30.0  # a binlog reconnect this recent is still shown as the job's problem
 
 
 @dataclass(frozen=True)
@@ -110,7 +105,7 @@ def resync_hint(spec: TableSpec) -> str:
     return f"re-snapshot it with `lakehouse run cdc --resync {spec.source}`"
 
 
-class CdcSync:
+class CdcSync(StreamingJob):
     """The job's state across batches: per-table position, the binlog reader, the MERGE step."""
 
     def __init__(
@@ -128,6 +123,7 @@ class CdcSync:
         metrics: MetricsSink = NO_METRICS,
         warm_up: bool = False,
         change_wait_seconds: float = 0.0,
+        stop_at_source_end: bool = False,
     ) -> None:
         self.spark = spark
         self.config = config
@@ -143,6 +139,9 @@ class CdcSync:
         # An idle batch waits this long for the next change and starts applying when it comes,
         # instead of sleeping a whole trigger interval first (the jobs pass their trigger).
         self.change_wait_seconds = change_wait_seconds
+        # --until-idle: the job's end is the binlog position the source has when it starts.
+        self.stop_at_source_end = stop_at_source_end
+        self._source_end: BinlogPosition | None = None
         self.credentials = source_db.cdc_credentials(config)
         self.tables: dict[tuple[str, str], TableState] = {}
         self.reader: BinlogReader | None = None
@@ -425,86 +424,37 @@ class CdcSync:
         return self.reader.items.empty() and position.order >= target.order
 
     def close(self) -> None:
+        # Also after a failure: a reader left running would share the server id with a restarted
+        # job's reader, and MySQL drops one of two dump threads with the same id whenever one connects.
         if self.reader is not None:
             self.reader.stop()
 
+    # ---- as a streaming job (jobs/common/streaming_job.py) ----------------------------------------
 
-# ---- entry point ------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        self.start()
+        if self.stop_at_source_end:
+            conn = self._connect()
+            try:
+                self._source_end = BinlogPosition(*source_db.master_position(conn))
+            finally:
+                conn.close()
 
+    def finish(self) -> None:
+        for error in self.errors:  # a table stopped (unsupported DDL, ...): the others went on
+            log.error("cdc: %s", error)
 
-@dataclass(frozen=True)
-class CdcArgs:
-    tables: tuple[str, ...]
-    resync: tuple[str, ...]
-    server_id: int | None
-    mode: RunMode
-    progress_seconds: float = PROGRESS_SECONDS
+    def lag_seconds(self) -> float | None:
+        return self.last_report.lag_seconds if self.last_report.position else None
 
+    def reached_end(self) -> bool:
+        return self.all_stopped or (self._source_end is not None and self.caught_up(self._source_end))
 
-def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, CdcArgs]:
-    parser = JobArgumentParser(prog="lakehouse run cdc", description=__doc__.split("\n")[0])
-    add_environment_args(parser)
-    add_run_mode_args(parser)
-    parser.add_argument(
-        "--table",
-        action="append",
-        metavar="SOURCE=TARGET",
-        help="source table to sync and its Iceberg table, e.g. user_db.products=dim_db.products "
-        "(repeatable; default: products and user_member)",
-    )
-    parser.add_argument(
-        "--resync",
-        action="append",
-        default=[],
-        metavar="TABLE",
-        help="re-snapshot TABLE (e.g. user_db.products)",
-    )
-    parser.add_argument("--server-id", type=int, help="replication client id (unique per reader)")
-    parser.add_argument(
-        "--progress-seconds",
-        type=float,
-        default=PROGRESS_SECONDS,
-        help="at most this often, store the binlog position of tables without changes "
-        f"(default {PROGRESS_SECONDS:.0f})",
-    )
-    args = parser.parse_args(list(argv))
-    return args, CdcArgs(
-        tuple(args.table or DEFAULT_TABLES),
-        tuple(args.resync),
-        args.server_id,
-        RunMode.from_args(args),
-        args.progress_seconds,
-    )
-
-
-@reports_config_errors
-def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    env_args, args = parse_args(sys.argv[1:] if argv is None else argv)
-    config = config_from_args(env_args)
-    specs = [TableSpec.parse(t, config) for t in args.tables]
-
-    from jobs.spark_session import build_spark, stop_spark
-
-    spark = build_spark(config, "cdc_sync")
-    stop = StopRequest().install()
-    sync = CdcSync(
-        spark,
-        config,
-        specs,
-        resync=args.resync,
-        server_id=args.server_id,
-        progress_seconds=args.progress_seconds,
-        metrics=metrics_sink_for(config),
-        warm_up=True,
-        change_wait_seconds=args.mode.trigger_seconds,
-    )
-    try:
-        return run_sync(sync, args.mode, stop)
-    finally:
-        sync.metrics.close()
-        stop_spark(spark)
+    def problem(self) -> str | None:
+        failed = self.reader.connection_error if self.reader is not None else None
+        if failed is None or time.monotonic() - failed[0] > PROBLEM_SHOWN_SECONDS:
+            return "; ".join(self.errors) or None
+        return f"binlog connection lost, reconnecting ({failed[1][:200]})"
 
 
 def run_sync(sync: CdcSync, mode: RunMode, stop: StopRequest) -> int:
@@ -513,18 +463,11 @@ def run_sync(sync: CdcSync, mode: RunMode, stop: StopRequest) -> int:
     2: some table stopped with an error. 3: another CDC job committed to a table (nothing written).
     """
     try:
-        sync.start()
-        target = None
-        if mode.until_idle:
-            conn = sync._connect()
-            try:
-                target = BinlogPosition(*source_db.master_position(conn))
-            finally:
-                conn.close()
+        sync.prepare()
 
         def batch() -> int:
             handled = sync.run_batch()
-            if sync.all_stopped or (target is not None and sync.caught_up(target)):
+            if sync.reached_end():
                 stop.set()
             return handled
 
@@ -538,7 +481,3 @@ def run_sync(sync: CdcSync, mode: RunMode, stop: StopRequest) -> int:
     for error in sync.errors:
         print(f"error: {error}", file=sys.stderr)
     return 2 if sync.errors else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

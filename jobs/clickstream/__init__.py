@@ -1,1 +1,0 @@
-"""The clickstream ingest job's parts: schema, validation, Kafka source, products dimension."""

@@ -1,0 +1,16 @@
+"""The snapshot-summary keys in which the jobs commit their progress together with their data.
+
+Every key starts with PREFIX: snapshot expiry (`jobs/maintain/retention.py`) keeps the newest
+snapshot carrying each such key, so a job's progress never expires with old snapshots.
+"""
+
+from __future__ import annotations
+
+PREFIX = "lakehouse."
+
+COMMIT_ID = PREFIX + "commit-id"  # a commit's own id: a retried commit recognises itself
+KAFKA_OFFSETS = PREFIX + "kafka.offsets"  # ingest: {"<topic>": {"<partition>": next offset}}
+VIEWS_CLICK_OFFSETS = PREFIX + "views.click-offsets"  # views: the click offsets counted so far
+CDC_POSITION = PREFIX + "cdc.position"  # cdc: the binlog position the table is current to
+
+ALL = (COMMIT_ID, KAFKA_OFFSETS, VIEWS_CLICK_OFFSETS, CDC_POSITION)

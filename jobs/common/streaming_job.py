@@ -1,0 +1,33 @@
+"""What a streaming job offers the streaming application (`jobs/streaming`), which runs cdc, ingest
+and views in one Spark application: each job implements it itself (`CdcSync`, `ClickstreamIngest`,
+`ProductViews`), so the application needs none of their internals.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class StreamingJob(Protocol):
+    def prepare(self) -> None:
+        """Connect, create what is missing, read the stored progress (may take a snapshot)."""
+
+    def run_batch(self) -> int:
+        """One micro-batch, committed with its progress; returns the records handled."""
+
+    def finish(self) -> None:
+        """A clean stop: commit what is held."""
+
+    def close(self) -> None:
+        """Always, also after a failure: release readers and clients."""
+
+    def lag_seconds(self) -> float | None:
+        """How far the last commit is behind its source (None before the first)."""
+
+    def reached_end(self) -> bool:
+        """`--until-idle`: its source has nothing more (only CDC knows; the others follow upstream)."""
+        return False
+
+    def problem(self) -> str | None:
+        """A condition it is riding out, for the status (the source unreachable, a table stopped)."""
+        return None

@@ -1,0 +1,84 @@
+"""`lakehouse run streaming`: CDC, ingest and product views in one Spark application."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from jobs.common.job_args import (
+    JobArgumentParser,
+    add_environment_args,
+    config_from_args,
+    reports_config_errors,
+)
+from jobs.common.metrics import metrics_sink_for
+from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args
+from jobs.streaming.application import (
+    JOB_NAMES,
+    StreamingApplication,
+    StreamingOptions,
+    default_factories,
+    job_spark_conf,
+)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = JobArgumentParser(
+        prog="lakehouse run streaming",
+        description="CDC, ingest and product views in one Spark application (one thread and FAIR pool each).",
+    )
+    add_environment_args(parser)
+    add_run_mode_args(parser)
+    parser.add_argument(
+        "--jobs",
+        default=",".join(JOB_NAMES),
+        help=f"comma-separated subset of {','.join(JOB_NAMES)} (default: all)",
+    )
+    parser.add_argument(
+        "--max-failures",
+        type=int,
+        default=StreamingOptions.max_failures,
+        help="a job failing more often than this within an hour stops the application (default 5)",
+    )
+    parser.add_argument("--status-file", type=Path, help="write the jobs' state here as JSON every second")
+    args = parser.parse_args(list(argv))
+    jobs = tuple(j.strip() for j in args.jobs.split(",") if j.strip())
+    unknown = sorted(set(jobs) - set(JOB_NAMES))
+    if unknown or not jobs:
+        parser.error(f"--jobs {args.jobs!r}: choose from {', '.join(JOB_NAMES)}")
+    args.jobs = tuple(j for j in JOB_NAMES if j in jobs)  # upstream first
+    return args
+
+
+@reports_config_errors
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s"
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    config = config_from_args(args)
+    options = StreamingOptions(
+        jobs=args.jobs,
+        mode=RunMode.from_args(args),
+        max_failures=args.max_failures,
+        status_file=args.status_file,
+    )
+    from jobs.common.spark_session import build_spark, stop_spark
+
+    stop = StopRequest().install()
+    spark = build_spark(config, "streaming", job_spark_conf())
+    metrics = metrics_sink_for(config)
+    try:
+        factories = default_factories(spark, config, options.mode, metrics)
+        return StreamingApplication(spark, options, factories, stop).run()
+    finally:
+        metrics.close()
+        stop_spark(spark)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The product views job (`lakehouse run views`): clicks -> ads_behavior.product_views."""
