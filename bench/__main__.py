@@ -1,14 +1,22 @@
-"""`make bench`: run every `bench/*_bench.py` module's `run()`, print a table each, save JSON."""
+"""`make bench`: run every `bench/*_bench.py` module's `run()`, print a table each, save JSON, and
+rebuild `bench/results/RESULTS.md` (date, machine, one table per bench; `bench/results_report.py`).
+
+`python -m bench [WORD ...]` runs the modules whose name contains a WORD (`python -m bench cdc`);
+`--list` names the benches and what each measures; `--report` only rebuilds RESULTS.md.
+"""
 
 from __future__ import annotations
 
 import importlib
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+from bench.results_report import bench_description, machine_info, run_meta, write_report
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -32,12 +40,26 @@ def print_table(console: Console, title: str, rows: list[dict]) -> None:
 def main(argv: list[str]) -> int:
     """Optional arguments select modules by name (`python -m bench clickstream`)."""
     console = Console()
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        return 0
+    if "--list" in argv:
+        for name in discover([]):
+            print(f"{name}: {bench_description(name)}")
+        return 0
     RESULTS_DIR.mkdir(exist_ok=True)
-    for name in discover(argv):
-        console.print(f"[bold]running bench.{name}[/]")
-        rows = importlib.import_module(f"bench.{name}").run()
-        print_table(console, name, rows)
-        (RESULTS_DIR / f"{name}.json").write_text(json.dumps(rows, indent=2, default=str))
+    machine = machine_info()
+    if "--report" not in argv:
+        for name in discover(argv):
+            console.print(f"[bold]running bench.{name}[/]")
+            started = datetime.now(UTC)
+            rows = importlib.import_module(f"bench.{name}").run()
+            print_table(console, name, rows)
+            (RESULTS_DIR / f"{name}.json").write_text(json.dumps(rows, indent=2, default=str))
+            meta = run_meta(name, started, datetime.now(UTC), machine)
+            (RESULTS_DIR / f"{name}.meta.json").write_text(json.dumps(meta, indent=2))
+    report = write_report(RESULTS_DIR, machine)
+    console.print(f"results: {report.relative_to(BENCH_DIR.parent)}")
     return 0
 
 
