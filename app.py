@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CDK entry point: `cdk synth|deploy|destroy -c env=dev|prod` (default dev).
 
-See README "Deploy and destroy".
+See infra/README.md (deploy, destroy, park).
 """
 
 import os

@@ -1,2 +1,2 @@
-"""Near-real-time Apache Iceberg lakehouse: the CLI, the embedded local stack, the EMR rehearsal and
-packaging. (The typed config the jobs and the CLI share is `jobs.config`.)"""
+"""The operator side: the `lakehouse` CLI, the embedded local stack, the demo, the AWS commands and
+the EMR rehearsal. It may import jobs/ and infra/; neither imports it (tests/test_layers.py)."""

@@ -1,6 +1,6 @@
 """`lakehouse demo` / `make demo`: the source system's scenario end to end on the embedded stack.
 
-1. stack up; 2. CDC, ingest and views in one streaming application (`jobs.streaming.application`, a supervised
+1. stack up; 2. CDC, ingest and views in one streaming application (`python -m jobs.streaming`, a
 child process, as on EMR); 3. clicks at a steady rate with a live view of the jobs, product_views
 and freshness, a third of the way in the source system's two UPDATE statements; 4. their effect;
 5. the batch report; 6. maintenance; then a summary. The jobs are stopped at the end; the stack
@@ -27,6 +27,7 @@ from rich.table import Table
 
 from infra.seed_data import PRODUCT_ROWS, USER_MEMBER_ROWS
 from jobs.config import LakehouseConfig
+from jobs.registry import Kind, names
 from lakehouse.click_latency import ClickLatencyTracker
 from lakehouse.job_processes import JobProcesses, run_job
 from lakehouse.local.catalog import pyiceberg_catalog
@@ -270,7 +271,7 @@ def wait_running(status_file, processes: JobProcesses, timeout: float) -> None:
     while True:
         processes.check()
         jobs = read_status(status_file)
-        if len(jobs) == 3 and all(j["state"] == "running" for j in jobs):
+        if len(jobs) == len(names(Kind.STREAMING)) and all(j["state"] == "running" for j in jobs):
             return
         if time.monotonic() > deadline:
             states = ", ".join(f"{j['name']} {j['state']}" for j in jobs) or "no status yet"

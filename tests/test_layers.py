@@ -92,6 +92,8 @@ def test_the_scan_catches_each_kind_of_wrong_way_import(tmp_path, monkeypatch):
     cases = {
         "jobs/cdc/bad.py": "from lakehouse.cli import main\n",
         "jobs/views/bad.py": "def f():\n    from jobs.ingest.validation import classify_payload\n",
+        "jobs/views/relative.py": "from ..ingest import validation\n",
+        "jobs/common/shared.py": "import jobs.ingest.validation as v\n",
         "infra/bad.py": "from lakehouse import demo\n",
         "infra/lambdas/handler/bad.py": "from jobs.config import CLICK_TOPIC\n",
         "lakehouse/bad.py": "from tests import support\n",

@@ -1,5 +1,5 @@
 """The pipeline's own health: a dashboard and alarms on the jobs' metrics (jobs/common/metrics.py,
-namespace `Lakehouse/<env>`), MSK and RDS. Alarms go to the alerts topic; README "Operate" says
+namespace `Lakehouse/<env>`), MSK and RDS. Alarms go to the alerts topic; docs/operate.md says
 what each means and what to do."""
 
 from __future__ import annotations

@@ -18,8 +18,6 @@ from jobs.common.job_args import (
 from jobs.common.metrics import metrics_sink_for
 from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args
 
-# ---- entry point ------------------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class CdcArgs:

@@ -335,7 +335,7 @@ class BinlogReader:
                 continue
             if isinstance(event, (XidEvent, XAPrepareEvent)):
                 # XA PREPARE ends its binlog group; the rows count once prepared (XA ROLLBACK of a
-                # prepared transaction is not followed: see README).
+                # prepared transaction is not followed: jobs/cdc/README.md).
                 committed = add_gtid(committed, current)
                 end = BinlogPosition(stream.log_file, stream.log_pos, committed)
                 self._commit(pending, end, event.timestamp)

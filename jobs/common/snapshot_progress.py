@@ -22,6 +22,7 @@ from tenacity import (
 )
 
 from jobs.common import progress_keys
+from jobs.common.streaming_job import NeedsOperator
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -44,7 +45,7 @@ def read_progress(spark, table: str, key: str) -> str | None:
 COMMIT_ID_KEY = progress_keys.COMMIT_ID
 
 
-class ConcurrentWriterError(RuntimeError):
+class ConcurrentWriterError(NeedsOperator):
     """Another writer committed progress to the table since this job's last commit: the job stops
     without committing (two instances of one job would apply the same input twice)."""
 

@@ -8,6 +8,11 @@ from __future__ import annotations
 from typing import Protocol
 
 
+class NeedsOperator(RuntimeError):
+    """A failure a restart would repeat, or make worse (another writer on the table, offsets that
+    went back): the streaming application stops at once instead of retrying the job."""
+
+
 class StreamingJob(Protocol):
     def prepare(self) -> None:
         """Connect, create what is missing, read the stored progress (may take a snapshot)."""

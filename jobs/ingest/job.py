@@ -461,9 +461,6 @@ class ClickstreamIngest(StreamingJob):
         )
 
 
-# ---- entry point ---------------------------------------------------------------------------------------
-
-
 def job_spark_conf() -> dict[str, str]:
     # Materialized batches are released by the context cleaner; run it often in a long job.
     return {"spark.cleaner.periodicGC.interval": "2min", "spark.ui.showConsoleProgress": "false"}

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from jobs.common.streaming_job import NeedsOperator
+
 Offsets = dict[int, int]  # partition -> next offset to read
 
 
@@ -25,7 +27,7 @@ def passes(starts: Offsets, batch_ends: Offsets) -> bool:
     return any(end > starts.get(partition, 0) for partition, end in batch_ends.items())
 
 
-class OffsetsRegressed(RuntimeError):
+class OffsetsRegressed(NeedsOperator):
     """The broker served offsets below what the tables store: the topic was recreated or truncated."""
 
 

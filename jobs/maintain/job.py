@@ -179,6 +179,3 @@ def report_table(reports: Sequence[TableReport]) -> Table:
             f"{b.delete_files} -> {a.delete_files}",
         )
     return table
-
-
-# ---- entry point ---------------------------------------------------------------------------------------

@@ -209,6 +209,3 @@ def print_report(rows: list[Row], settings: ReportSettings) -> None:
     if not rows:
         table.caption = "no clicks on this day: the day's rows were cleared"
     Console().print(table)
-
-
-# ---- entry point ----------------------------------------------------------------------------------------

@@ -34,9 +34,8 @@ from pathlib import Path
 from jobs.common.metrics import NO_METRICS, MetricsSink
 from jobs.common.run_modes import RunMode, StopRequest, run_batches
 from jobs.common.snapshot_progress import CONCURRENT_WRITER_EXIT, ConcurrentWriterError
-from jobs.common.streaming_job import StreamingJob
+from jobs.common.streaming_job import NeedsOperator, StreamingJob
 from jobs.config import ConfigError, LakehouseConfig
-from jobs.ingest.offsets import OffsetsRegressed
 from jobs.registry import JOBS, Kind, names
 
 log = logging.getLogger("streaming")
@@ -46,7 +45,7 @@ JOB_NAMES = names(Kind.STREAMING)
 # only after its upstream finished.
 UPSTREAM = {name: JOBS[name].upstream for name in JOB_NAMES if JOBS[name].upstream}
 # Needs an operator: restarting would fail again, or worse.
-FATAL_ERRORS: tuple[type[BaseException], ...] = (ConcurrentWriterError, OffsetsRegressed, ConfigError)
+FATAL_ERRORS: tuple[type[BaseException], ...] = (NeedsOperator, ConfigError)
 FAILURE_WINDOW_SECONDS = 3600.0
 MAX_BACKOFF_SECONDS = 60.0
 
@@ -262,9 +261,6 @@ class StreamingApplication:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"at": time.time(), "jobs": [asdict(s) for s in self.statuses()]}))
         os.replace(tmp, path)
-
-
-# ---- entry point -------------------------------------------------------------------------------------
 
 
 def job_spark_conf() -> dict[str, str]:

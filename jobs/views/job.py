@@ -314,6 +314,3 @@ class ProductViews(StreamingJob):
     def _main_snapshot(self, table: str) -> int | None:
         rows = self.spark.sql(f"SELECT snapshot_id FROM {table}.refs WHERE name = 'main'").collect()
         return rows[0][0] if rows else None
-
-
-# ---- entry point ---------------------------------------------------------------------------------------

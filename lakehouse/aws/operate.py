@@ -15,10 +15,9 @@ from datetime import UTC, datetime, timedelta
 from botocore.exceptions import ClientError
 
 from infra.config import DeploymentConfig
-from infra.emr_steps import STEP_NAME_PREFIX, streaming_steps
+from infra.emr_steps import BATCH_JOBS, STEP_NAME_PREFIX, streaming_steps  # batch: state machines
 
 CONCERNS = ("Network", "Lake", "Streaming", "SourceDatabase", "Compute", "Monitoring", "Jobs")
-BATCH_JOBS = ("report", "maintain", "gendata")  # run through their state machines
 LIVE_STEP_STATES = ("PENDING", "RUNNING")
 TABLES = (
     ("ingest", "ods_behavior.clickevent"),

@@ -76,7 +76,7 @@ def test_checkov_finds_nothing_unreasoned(checkov_results, env_name: str) -> Non
 
 # Every Lambda function of the app, by stack and logical id. infra/checkov.py accepts CKV_AWS_115,
 # 116, 117 and 173 for every function through an aspect, so a new function would inherit them
-# silently: it must be added here, once its reason there (README "Accepted findings") fits it.
+# silently: it must be added here, once its reason there (docs/security.md, "Accepted findings") fits it.
 LAMBDA_CHECKS = ("CKV_AWS_115", "CKV_AWS_116", "CKV_AWS_117", "CKV_AWS_173")
 LAMBDAS = (
     "Streaming/AWS679f53fac002430cb0da5b7982bd22872D164C4C",  # AwsCustomResource: bootstrap brokers
@@ -94,7 +94,7 @@ LAMBDAS = (
 DEV_ONLY_LAMBDAS = ("Lake/CustomS3AutoDeleteObjectsCustomResourceProviderHandler9D90184F",)
 LOGS_BUCKET = "Lake/LakeLogsBucket5F21DAB1"
 DATA_BUCKETS = ("Lake/LakeWarehouseBucket96497B04", "Lake/LakeArtifactsBucket1B9F5BC1")
-# (check, stack/logical id) accepted per environment; README "Security", "Accepted findings".
+# (check, stack/logical id) accepted per environment; docs/security.md, "Accepted findings".
 ACCEPTED = {
     "prod": {
         *((check, function) for function in LAMBDAS for check in LAMBDA_CHECKS),
@@ -113,7 +113,7 @@ ACCEPTED["dev"] = {
 @pytest.mark.parametrize("env_name", ["dev", "prod"])
 def test_only_the_documented_findings_are_accepted(checkov_results, env_name: str) -> None:
     """A new skip, or an old one on a new resource, is a decision: it must be added here and to the
-    README's Security section."""
+    docs/security.md."""
     skipped = {
         (c["check_id"], f"{c['concern']}/{c['resource'].split('.', 1)[1]}")  # resource: Type.LogicalId
         for c in checkov_results[env_name]["skipped"]

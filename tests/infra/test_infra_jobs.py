@@ -254,7 +254,7 @@ def test_every_step_caps_its_executors(synthesized):
 
 
 def test_dev_streaming_and_a_batch_job_fit_on_the_core_and_one_task_node(dev):
-    """The README's dev cost assumes two m5.xlarge nodes (YARN ~12 GiB each): the capped streaming
+    """infra/README.md's dev cost assumes two m5.xlarge nodes (YARN ~12 GiB each): the capped streaming
     application plus one batch job fit there, so managed scaling need not hold more Spot nodes."""
 
     def gib(size: str) -> float:
