@@ -11,6 +11,7 @@ jobs use, so the cluster and the jobs cannot disagree about them.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -106,6 +107,9 @@ class ComputeSettings:
     # dev generates a self-signed certificate for in-transit encryption at deploy time; prod
     # requires the operator's own and fails fast if it is missing.
     generate_tls_certificates: bool
+    # prod: EMR refuses to terminate the cluster (by API, console or a CloudFormation delete or
+    # replacement) until protection is turned off. dev: off, it is parked and auto-terminates.
+    termination_protected: bool
     job_python: str = EMR_JOB_PYTHON
 
 
@@ -138,7 +142,7 @@ class JobSettings:
     supervisor_every_minutes: int  # how often the step supervisor reconciles without an event
     max_failures_per_hour: int  # a streaming job failing more often is given up and alerted
     log_retention_days: int
-    # dev: CDC, ingest and views in one step (`jobs.streaming.application`: one driver on a small cluster);
+    # dev: CDC, ingest and views in one step (`jobs/streaming`: one driver on a small cluster);
     # prod: a step each, so each restarts and scales alone.
     one_streaming_application: bool
     # Per streaming application (dev: the one; prod: each job's) and per batch job.
@@ -195,6 +199,13 @@ class DeploymentConfig:
         return Removal.RETAIN if self.retain_data else Removal.DESTROY
 
     @property
+    def termination_protection(self) -> bool:
+        """CloudFormation refuses to delete an environment that keeps data (prod) until an operator
+        turns the stacks' termination protection off: `cdk destroy` there is a procedure, not a
+        command (infra/README.md, "Destroy")."""
+        return self.retain_data
+
+    @property
     def database_removal_policy(self) -> Removal:
         return Removal.SNAPSHOT if self.retain_data else Removal.DESTROY
 
@@ -227,6 +238,7 @@ class DeploymentConfig:
         region: str | None = None,
         availability_zones: tuple[str, ...] | None = None,
         parked: bool = False,
+        alert_email: str | None = None,
     ) -> DeploymentConfig:
         """The configuration of `env_name`; account/region only when the CLI knows them."""
         if env_name not in _ENVIRONMENTS:
@@ -252,6 +264,10 @@ class DeploymentConfig:
                 f"`lakehouse aws preflight --env {env_name} --pin-azs` (picks them by zone ID and pins "
                 "them in cdk.context.json), or pass -c azs=<az1>,<az2>[,<az3>]"
             )
+        if alert_email is not None and not re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", alert_email):
+            raise ConfigError(f"-c alert_email={alert_email}: not an e-mail address")
+        if alert_email:
+            config = replace(config, monitoring=replace(config.monitoring, alarm_email=alert_email))
         if azs and len(azs) < config.network.max_azs:
             raise ConfigError(
                 f"{env_name} needs {config.network.max_azs} availability zones, got {list(azs)}: "
@@ -313,6 +329,7 @@ _DEV = DeploymentConfig(
         ebs_volume_gib=64,
         step_concurrency_level=4,
         generate_tls_certificates=True,
+        termination_protected=False,
         idle_timeout_hours=2,
     ),
     monitoring=MonitoringSettings(
@@ -388,6 +405,7 @@ _PROD = replace(
         ebs_volume_gib=256,
         step_concurrency_level=10,
         generate_tls_certificates=False,
+        termination_protected=True,
         idle_timeout_hours=None,
     ),
     monitoring=MonitoringSettings(

@@ -19,8 +19,9 @@ DEFAULT_ENV = "dev"
 
 def config_from_context(app: App, environ: Mapping[str, str] = os.environ) -> DeploymentConfig:
     """The only place context is read: `-c env=dev|prod` (default dev), optional `-c azs=a,b`, the
-    AZs `lakehouse aws preflight --pin-azs` pinned in cdk.context.json, and `-c parked=true` (dev;
-    set by `lakehouse aws park`).
+    AZs `lakehouse aws preflight --pin-azs` pinned in cdk.context.json, `-c parked=true` (dev; set
+    by `lakehouse aws park`) and `-c alert_email=you@example.com` (subscribes it to the alerts).
+
 
     Account and region come from the CLI's environment (CDK_DEFAULT_ACCOUNT/REGION) when both are
     present; otherwise the stacks stay environment-agnostic and synth needs no credentials.
@@ -36,8 +37,14 @@ def config_from_context(app: App, environ: Mapping[str, str] = os.environ) -> De
     parked = str(app.node.try_get_context("parked") or "false").lower()
     if parked not in ("true", "false"):
         raise ConfigError(f"-c parked={parked}: expected true or false")
+    alert_email = app.node.try_get_context("alert_email")
     return DeploymentConfig.for_env(
-        str(env_name), account=account, region=region, availability_zones=azs, parked=parked == "true"
+        str(env_name),
+        account=account,
+        region=region,
+        availability_zones=azs,
+        parked=parked == "true",
+        alert_email=str(alert_email) if alert_email else None,
     )
 
 

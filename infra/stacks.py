@@ -48,6 +48,7 @@ class _LakehouseStack(Stack):
             config.stack_name(concern),
             env=env,
             description=f"Lakehouse {config.env_name}: {description}",
+            termination_protection=config.termination_protection,
         )
         self.config = config
 

@@ -178,12 +178,16 @@ PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_
 @click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def run(ctx: click.Context, job: str | None, job_args: tuple[str, ...]) -> None:
-    """Run a pipeline JOB (jobs/registry.py: streaming, cdc, ingest, views, report, maintain,
-    gendata); `lakehouse run JOB --help` lists its options."""
+    """Run a pipeline JOB (listed below, from jobs/registry.py); `lakehouse run JOB --help` lists
+    its options."""
+    from jobs.registry import JOBS
+
     if job in (None, "--help", "-h"):
         click.echo(ctx.get_help())
+        click.echo("\nJobs:")
+        for registered in JOBS.values():
+            click.echo(f"  {registered.name:<10} {registered.kind.value:<11} {registered.summary}")
         return
-    from jobs.registry import JOBS
 
     if job not in JOBS:
         raise click.BadParameter(f"{job!r} is not one of {', '.join(JOBS)}", param_hint="JOB")
@@ -237,7 +241,8 @@ def preflight(env_name: str, region: str | None, profile: str | None, pin_azs: b
     session, account = _aws_session(region, profile)
     config = DeploymentConfig.for_env(env_name)
     bucket = f"{config.name_prefix}-artifacts-{account}-{session.region_name}"
-    results, azs = checks.run_checks(session, env_name, config, bucket)
+    warehouse = f"{config.name_prefix}-warehouse-{account}-{session.region_name}"
+    results, azs = checks.run_checks(session, env_name, config, bucket, warehouse)
     if pin_azs and len(azs) == config.network.max_azs:
         checks.pin_azs(Path("cdk.context.json"), account, session.region_name, azs)
     if as_json:

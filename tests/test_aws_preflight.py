@@ -12,6 +12,7 @@ from moto import mock_aws
 from support import run_cli
 
 from infra.config import EMR_TLS_CERTIFICATES_KEY, DeploymentConfig
+from jobs.config import ConfigError
 from lakehouse.aws import preflight
 
 REGION = "us-east-1"
@@ -148,3 +149,70 @@ def test_no_credentials_is_one_clear_error():
     result = run_cli("aws", "preflight", "--env", "dev", check=False, env=env, timeout=120)
     assert result.returncode == 1
     assert "no AWS credentials" in result.stderr and "Traceback" not in result.stderr
+
+
+def deploy_monitoring_stack(config: DeploymentConfig) -> str:
+    """The deployed Monitoring stack as the preflight sees it: its alerts topic as an output."""
+    topic = boto3.client("sns", region_name=REGION).create_topic(Name="alerts")["TopicArn"]
+    template = {
+        "Resources": {"Placeholder": {"Type": "AWS::S3::Bucket"}},
+        "Outputs": {"AlertsTopicArn": {"Value": topic}},
+    }
+    boto3.client("cloudformation", region_name=REGION).create_stack(
+        StackName=config.stack_name("Monitoring"), TemplateBody=json.dumps(template)
+    )
+    return topic
+
+
+def test_prod_alerts_must_reach_someone(aws):
+    """Before the first deploy a reminder; deployed with nobody subscribed, a failure with the fix;
+    one confirmed subscription passes. dev is not asked."""
+    config = DeploymentConfig.for_env("prod")
+    before = preflight.alert_subscribers(boto3.Session(region_name=REGION), config)
+    assert before.ok and "alert_email" in before.fix and before.found == "not deployed yet"
+
+    topic = deploy_monitoring_stack(config)
+    checks = by_name(preflight.run_checks(QuotaStubbedSession(64), "prod", config, "bucket")[0])
+    alerts = checks["prod alerts reach someone"]
+    assert not alerts.ok and alerts.found == "0 confirmed subscription(s)"
+    assert "-c alert_email=" in alerts.fix and "AlertsTopicArn" in alerts.fix
+
+    boto3.client("sns", region_name=REGION).subscribe(
+        TopicArn=topic, Protocol="email", Endpoint="oncall@example.com"
+    )
+    checks = by_name(preflight.run_checks(QuotaStubbedSession(64), "prod", config, "bucket")[0])
+    assert checks["prod alerts reach someone"].ok
+    dev = by_name(
+        preflight.run_checks(QuotaStubbedSession(64), "dev", DeploymentConfig.for_env("dev"), "b")[0]
+    )
+    assert "prod alerts reach someone" not in dev
+
+
+def test_an_alert_email_is_checked_and_subscribed_through_the_config():
+    config = DeploymentConfig.for_env("prod", alert_email="oncall@example.com")
+    assert config.monitoring.alarm_email == "oncall@example.com"
+    assert DeploymentConfig.for_env("prod").monitoring.alarm_email is None
+    with pytest.raises(ConfigError, match="not an e-mail address"):
+        DeploymentConfig.for_env("prod", alert_email="oncall")
+
+
+def test_the_glue_databases_of_another_environment_stop_the_deploy(aws):
+    """dev and prod keep the source system's database names; a catalog is per account and region."""
+    glue = boto3.client("glue", region_name=REGION)
+    session = boto3.Session(region_name=REGION)
+    prod_warehouse, dev_warehouse = "lakehouse-prod-warehouse-1-r", "lakehouse-dev-warehouse-1-r"
+    assert preflight.glue_databases_free(session, prod_warehouse).found == "none yet"
+    glue.create_database(
+        DatabaseInput={"Name": "dim_db", "LocationUri": f"s3://{prod_warehouse}/warehouse/dim_db.db"}
+    )
+    again = preflight.glue_databases_free(session, prod_warehouse)
+    assert again.ok and again.found == "this environment's: dim_db"
+    glue.create_database(
+        DatabaseInput={"Name": "ods_behavior", "LocationUri": f"s3://{dev_warehouse}/warehouse/x.db"}
+    )
+    bootstrap_account()
+    config = DeploymentConfig.for_env("prod")
+    checks = preflight.run_checks(QuotaStubbedSession(64), "prod", config, "bucket", prod_warehouse)[0]
+    clash = by_name(checks)["Glue databases"]
+    assert not clash.ok and "ods_behavior (s3://lakehouse-dev-warehouse-1-r/" in clash.found
+    assert "own account or region" in clash.fix

@@ -35,6 +35,7 @@ from infra.nag import (
     aws_arn,
     nag_rendering,
 )
+from infra.trust import service_for_this_account
 from jobs.config import CATALOG_NAME
 
 APPLICATIONS = ("Spark", "Hive", "Trino")
@@ -244,7 +245,8 @@ class EmrCompute(Construct):
         self.service_role = iam.Role(
             self,
             "ServiceRole",
-            assumed_by=iam.ServicePrincipal("elasticmapreduce.amazonaws.com"),
+            # Only EMR acting for this account's clusters (AWS's documented confused-deputy guard).
+            assumed_by=service_for_this_account("elasticmapreduce", "elasticmapreduce", "*"),
             managed_policies=[
                 iam.ManagedPolicy.from_aws_managed_policy_name("service-role/AmazonEMRServicePolicy_v2")
             ],
@@ -414,7 +416,7 @@ class EmrCompute(Construct):
                 emr_managed_slave_security_group=self.worker_security_group.security_group_id,
                 service_access_security_group=(self.service_access_security_group.security_group_id),
                 keep_job_flow_alive_when_no_steps=True,
-                termination_protected=False,
+                termination_protected=settings.termination_protected,
                 master_instance_fleet=fleet("primary", settings.primary_instance_types, 1, 0),
                 core_instance_fleet=fleet("core", settings.worker_instance_types, settings.core_units, 0),
                 task_instance_fleets=[

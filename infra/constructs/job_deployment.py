@@ -56,6 +56,7 @@ from infra.nag import (
     aws_arn,
     nag_rendering,
 )
+from infra.trust import service_for_this_account
 
 
 class JobDeployment(Construct):
@@ -278,8 +279,11 @@ class JobDeployment(Construct):
             "Publishing to the KMS-encrypted alerts topic: CDK's grant on that one key",
         )
 
+        # As CDK's own scheduler target roles: only this account's default schedule group.
         schedule_role = iam.Role(
-            self, "SupervisorScheduleRole", assumed_by=iam.ServicePrincipal("scheduler.amazonaws.com")
+            self,
+            "SupervisorScheduleRole",
+            assumed_by=service_for_this_account("scheduler", "scheduler", "schedule-group/default"),
         )
         acknowledge(
             schedule_role,

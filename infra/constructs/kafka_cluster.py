@@ -139,7 +139,10 @@ class KafkaCluster(Construct):
                 )
             ),
         )
-        self.cluster.apply_removal_policy(RemovalPolicy.DESTROY)  # a cache of the source of truth
+        # prod retains the cluster (also on a replacement): its topic holds clicks not yet ingested,
+        # up to the retention. A retained cluster keeps its subnets in use, so destroying prod is a
+        # procedure: drain, delete the cluster by hand, then destroy (infra/README.md, "Destroy").
+        self.cluster.apply_removal_policy(removal_policy)
         self.cluster_arn = self.cluster.attr_arn
         self.cluster_name = cluster_name
         self.broker_count = settings.broker_count
@@ -154,6 +157,7 @@ class KafkaCluster(Construct):
             partition_count=CLICK_TOPIC_PARTITIONS,
             replication_factor=settings.topic_replication_factor,
         )
+        self.topic.apply_removal_policy(removal_policy)  # deleting the topic would delete its clicks
         self.topic_name = CLICK_TOPIC
 
         # The IAM bootstrap string only exists once the brokers run: read it at deploy time.

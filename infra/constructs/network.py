@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from aws_cdk import Fn, RemovalPolicy, Tags
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra.cdk_values import log_retention
 from infra.config import NetworkSettings
 from infra.nag import acknowledge
+from infra.trust import service_for_this_account
 
 # EMR's managed policies (AmazonEMRServicePolicy_v2) only act on resources carrying this tag.
 EMR_MANAGED_POLICY_TAG = ("for-use-with-amazon-emr-managed-policies", "true")
@@ -42,6 +44,13 @@ class Network(Construct):
             retention=log_retention(settings.flow_log_retention_days),
             removal_policy=removal_policy,
         )
+        # The flow-log service may assume this role only for this account's flow logs (confused
+        # deputy: AWS's documented trust conditions for vpc-flow-logs).
+        flow_logs_role = iam.Role(
+            self,
+            "FlowLogsRole",
+            assumed_by=service_for_this_account("vpc-flow-logs", "ec2", "vpc-flow-log/*"),
+        )
         # Note: AZ names are literal when the stack is bound to an account/region (no lookup);
         # otherwise they are Fn::GetAZs picks resolved at deploy time, because an agnostic stack
         # would get only 2 AZs from max_azs and prod needs 3.
@@ -70,15 +79,19 @@ class Network(Construct):
             ],
             flow_logs={
                 "all-traffic": ec2.FlowLogOptions(
-                    destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group),
+                    destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group, flow_logs_role),
                     traffic_type=ec2.FlowLogTrafficType.ALL,
                 )
             },
             # Nothing uses the default security group; restricting it would cost a custom resource.
             restrict_default_security_group=False,
         )
-        # Tag subnets and security groups so EMR's v2 managed service policy may use them.
-        Tags.of(self.vpc).add(*EMR_MANAGED_POLICY_TAG)
+        # EMR's v2 managed service policy acts only on tagged resources: the VPC (it creates groups in
+        # it) and the subnets. Not every security group in the VPC: the endpoints' groups stay out
+        # of its reach (the EMR-managed groups are tagged where they are made, in EmrCompute).
+        Tags.of(self.vpc).add(
+            *EMR_MANAGED_POLICY_TAG, include_resource_types=["AWS::EC2::VPC", "AWS::EC2::Subnet"]
+        )
 
         self.private_subnets = ec2.SubnetSelection(subnet_group_name=PRIVATE_SUBNET_GROUP)
 

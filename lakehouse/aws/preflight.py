@@ -16,6 +16,7 @@ from pathlib import Path
 from botocore.exceptions import BotoCoreError, ClientError
 
 from infra.config import az_context_key
+from jobs.config import NAMESPACES
 
 # Zone IDs where MSK cannot place brokers (AWS MSK docs: "use1-az3" in us-east-1).
 MSK_UNSUPPORTED_ZONE_IDS = frozenset({"use1-az3"})
@@ -67,7 +68,9 @@ def vcpus_needed(instance_types: Iterable[str], units: int, vcpus_of: dict[str, 
     return units * max(vcpus_of[t] for t in instance_types)
 
 
-def run_checks(session, env_name: str, config, artifacts_bucket: str | None) -> tuple[list[Check], list[str]]:
+def run_checks(
+    session, env_name: str, config, artifacts_bucket: str | None, warehouse_bucket: str | None = None
+) -> tuple[list[Check], list[str]]:
     """All checks for `config` (an infra DeploymentConfig) in `session`'s account/region; also the
     AZ names chosen by zone ID."""
     checks: list[Check] = []
@@ -158,6 +161,8 @@ def run_checks(session, env_name: str, config, artifacts_bucket: str | None) -> 
         return Check("Lambda concurrency", True, found, fix)
 
     checks.append(lambda_concurrency())
+    if warehouse_bucket:
+        guarded("Glue databases", lambda: glue_databases_free(session, warehouse_bucket))
 
     if env_name == "prod":
         from infra.config import EMR_TLS_CERTIFICATES_KEY
@@ -167,11 +172,66 @@ def run_checks(session, env_name: str, config, artifacts_bucket: str | None) -> 
             try:
                 session.client("s3").head_object(Bucket=artifacts_bucket, Key=EMR_TLS_CERTIFICATES_KEY)
             except ClientError:
-                return Check("prod TLS certificate", False, f"missing: {uri}", "README: 'Deploy (prod)'")
+                fix = "infra/README.md, 'Deploy (prod)'"
+                return Check("prod TLS certificate", False, f"missing: {uri}", fix)
             return Check("prod TLS certificate", True, uri)
 
         guarded("prod TLS certificate", certificate)
+        guarded("prod alerts reach someone", lambda: alert_subscribers(session, config))
     return checks, chosen
+
+
+def glue_databases_free(session, warehouse_bucket: str) -> Check:
+    """The Glue databases keep the source system's names (dim_db, ...) in both environments, and a
+    catalog is per account and region: one environment per account/region. A database of that name
+    whose location is not this environment's warehouse belongs to another one."""
+    glue = session.client("glue")
+    own, foreign = [], []
+    for namespace in NAMESPACES:
+        try:
+            location = glue.get_database(Name=namespace)["Database"].get("LocationUri", "")
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") == "EntityNotFoundException":
+                continue
+            raise
+        if location.startswith(f"s3://{warehouse_bucket}/"):
+            own.append(namespace)
+        else:
+            foreign.append(f"{namespace} ({location or 'no location'})")
+    if foreign:
+        return Check(
+            "Glue databases",
+            False,
+            f"another environment's: {', '.join(foreign)}",
+            "deploy each environment to its own account or region: the databases keep the source "
+            "system's names in dev and prod",
+        )
+    return Check("Glue databases", True, f"this environment's: {', '.join(own)}" if own else "none yet")
+
+
+def alert_subscribers(session, config) -> Check:
+    """prod's failures and alarms go to an SNS topic: someone must be subscribed to it. Before the
+    first deploy, a reminder; once deployed, a failure while nobody has confirmed a subscription."""
+    name = "prod alerts reach someone"
+    fix = (
+        "deploy with -c alert_email=you@example.com and confirm the e-mail, or subscribe your "
+        "on-call tool to the AlertsTopicArn output"
+    )
+    try:
+        (stack,) = session.client("cloudformation").describe_stacks(
+            StackName=config.stack_name("Monitoring")
+        )["Stacks"]
+    except ClientError:
+        return Check(name, True, "not deployed yet", fix)
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+    topic = outputs.get("AlertsTopicArn")
+    if topic is None:
+        return Check(name, False, f"{config.stack_name('Monitoring')} has no AlertsTopicArn output", fix)
+    subscriptions = session.client("sns").list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
+    confirmed = [s for s in subscriptions if s["SubscriptionArn"].startswith("arn:")]
+    pending = len(subscriptions) - len(confirmed)
+    found = f"{len(confirmed)} confirmed subscription(s)" + (f", {pending} pending" if pending else "")
+    return Check(name, bool(confirmed), found, "" if confirmed else fix)
 
 
 def pin_azs(context_file: Path, account: str, region: str, names: list[str]) -> None:

@@ -4,6 +4,7 @@ keys for log groups and secrets, prod's versioned buckets, RDS enhanced monitori
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 import ssl
 
@@ -216,3 +217,63 @@ def test_only_dev_deploys_the_generator_and_lets_the_cluster_write_the_topic(dev
         named_gendata = [k for k in machines if k.startswith("JobsGendataJob")]
         assert bool(named_gendata) is generator, (env.config.env_name, sorted(machines))
         assert ("GendataStateMachineArn" in env.templates["Jobs"].get("Outputs", {})) is generator
+
+
+# Services whose role trusts AWS documents aws:SourceAccount / aws:SourceArn for (confused deputy);
+# the others (Lambda, EC2, RDS monitoring) assume roles with no source context to check.
+SOURCE_CONDITIONED = {
+    "elasticmapreduce": ":elasticmapreduce:",
+    "scheduler": ":scheduler:",
+    "states": ":states:",
+    "vpc-flow-logs": ":ec2:",
+}  # service -> what its aws:SourceArn names
+NO_SOURCE_CONTEXT = {"lambda", "ec2", "monitoring.rds"}
+
+
+def test_service_roles_trust_only_this_accounts_callers(synthesized) -> None:
+    seen = set()
+    for concern, template in synthesized.templates.items():
+        for logical_id, role in template["Resources"].items():
+            if role["Type"] != "AWS::IAM::Role":
+                continue
+            for statement in role["Properties"]["AssumeRolePolicyDocument"]["Statement"]:
+                for service in as_list(statement.get("Principal", {}).get("Service", [])):
+                    name = service.removesuffix(".amazonaws.com")
+                    seen.add(name)
+                    assert name in {*SOURCE_CONDITIONED, *NO_SOURCE_CONTEXT}, (
+                        f"{concern}/{logical_id}: {name}"
+                    )
+                    if name in SOURCE_CONDITIONED:
+                        condition = statement.get("Condition", {})
+                        assert condition.get("StringEquals", {}).get("aws:SourceAccount") == {
+                            "Ref": "AWS::AccountId"
+                        }, f"{concern}/{logical_id} trusts {name} from any account"
+                        source_arn = json.dumps(
+                            condition.get("ArnLike", condition.get("StringEquals", {})).get("aws:SourceArn")
+                        )
+                        assert SOURCE_CONDITIONED[name] in source_arn, (
+                            f"{concern}/{logical_id}: SourceArn {source_arn}"
+                        )
+    assert {"elasticmapreduce", "vpc-flow-logs", "lambda", "ec2"} <= seen  # the scan saw the roles
+
+
+def test_only_the_vpc_its_subnets_and_the_emr_groups_carry_the_emr_policy_tag(synthesized) -> None:
+    """EMR's v2 service policy may change any resource with this tag: not the endpoints' groups."""
+    tagged = {}
+    for concern, template in synthesized.templates.items():
+        for logical_id, resource in template["Resources"].items():
+            tags = resource.get("Properties", {}).get("Tags", [])
+            if isinstance(tags, list) and {"Key": EMR_TAG, "Value": "true"} in tags:
+                tagged.setdefault((concern, resource["Type"]), []).append(logical_id)
+    azs = synthesized.config.network.max_azs
+    assert {kind: len(ids) for kind, ids in tagged.items()} == {
+        ("Network", "AWS::EC2::VPC"): 1,
+        ("Network", "AWS::EC2::Subnet"): 2 * azs,
+        ("Compute", "AWS::EC2::SecurityGroup"): 3,  # primary, workers, service access
+        ("Compute", "AWS::EMR::Cluster"): 1,  # EMR passes it on to the instances it launches
+    }
+    endpoint_groups = resources(synthesized, "Network", "AWS::EC2::SecurityGroup")
+    assert endpoint_groups  # interface endpoints have groups, and none is tagged
+
+
+EMR_TAG = "for-use-with-amazon-emr-managed-policies"

@@ -175,6 +175,31 @@ def test_dev_destroys_data_and_prod_retains_it(dev, prod):
     assert prod_instance["Properties"]["MultiAZ"] is True
 
 
+def _termination_protection(env) -> dict[str, bool]:
+    """Per stack, what the cloud assembly tells CloudFormation (the deploy sets it on the stack)."""
+    manifest = json.loads((env.outdir / "manifest.json").read_text())
+    return {
+        name: artifact.get("properties", {}).get("terminationProtection", False)
+        for name, artifact in manifest["artifacts"].items()
+        if artifact["type"] == "aws:cloudformation:stack"
+    }
+
+
+def test_prod_cannot_be_deleted_by_accident_and_keeps_its_unread_clicks(dev, prod):
+    dev_protection, prod_protection = _termination_protection(dev), _termination_protection(prod)
+    assert len(prod_protection) == len(CONCERNS) and all(prod_protection.values())
+    assert len(dev_protection) == len(CONCERNS) and not any(dev_protection.values())  # dev parks
+    assert _cluster(prod)["Instances"]["TerminationProtected"] is True
+    assert _cluster(dev)["Instances"]["TerminationProtected"] is False
+    # The click topic holds what the ingest has not read yet: prod keeps the cluster and the topic,
+    # also when a change would replace them; dev deletes both.
+    for env, policy in ((dev, "Delete"), (prod, "Retain")):
+        template = env.template("Streaming")
+        for kind in ("AWS::MSK::Cluster", "AWS::MSK::Topic"):
+            (resource,) = template.find_resources(kind).values()
+            assert (resource["DeletionPolicy"], resource["UpdateReplacePolicy"]) == (policy, policy), kind
+
+
 # ---- kafka (the Streaming stack) ------------------------------------------------------------
 
 
@@ -198,7 +223,7 @@ def test_msk_tls_iam_encrypted_logged(synthesized):
     encryption = props["EncryptionInfo"]
     assert encryption["EncryptionInTransit"] == {"ClientBroker": "TLS", "InCluster": True}
     # At rest: MSK always encrypts the brokers' volumes and cannot be told not to. Without a
-    # DataVolumeKMSKeyId it uses its AWS-managed key (README "Security", "At rest"); with one, it
+    # DataVolumeKMSKeyId it uses its AWS-managed key (docs/security.md, "At rest"); with one, it
     # must be a rotating customer-managed key of this stack.
     assert set(encryption) <= {"EncryptionInTransit", "EncryptionAtRest"}
     at_rest = encryption.get("EncryptionAtRest")
