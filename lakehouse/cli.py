@@ -67,8 +67,16 @@ def down(purge: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(as_json: bool) -> None:
     """Show each part's health; exits 1 when a part is down."""
-    state = LocalStack(StackSettings.resolve()).status()
+    stack = LocalStack(StackSettings.resolve())
+    state = stack.status()
     state["tables"] = table_freshness(Path(state["home"]) / "metrics.json", time.time())
+    if state["kafka"]["healthy"] and state["s3"]["healthy"]:
+        from lakehouse.local.broker import slow_reads_warning
+
+        secrets = json.loads(stack.settings.secrets_file.read_text())
+        stored = stack.broker.stored_batches(secrets)
+        state["kafka"]["stored_batches"] = {str(p): n for p, n in stored.items()}
+        state["kafka"]["warning"] = slow_reads_warning(stored)
     if as_json:
         out.print_json(json.dumps(state))
     else:
@@ -85,6 +93,11 @@ def status(as_json: bool) -> None:
             health = "[green]up[/]" if part["healthy"] else "[red]down[/]"
             table.add_row(name, health, address, str(part.get("pid") or "-"), part.get("log", "-"))
         out.print(table)
+        if "stored_batches" in state["kafka"]:
+            counts = ", ".join(f"{n:,}" for n in state["kafka"]["stored_batches"].values())
+            out.print(f"broker: {counts} stored batches per partition of {state['kafka']['topic']}")
+        if state["kafka"].get("warning"):
+            out.print(f"[yellow]warning: {state['kafka']['warning']}[/]")
         if state["tables"]:
             out.print(freshness_table(state["tables"]))
     sys.exit(0 if state["healthy"] else 1)

@@ -203,6 +203,32 @@ def test_a_message_round_trips_through_clicktopic(private_env):
     assert _read_partition(bootstrap, 1) == [payload]
 
 
+def test_status_counts_the_batches_the_broker_stores(private_env):
+    """Each produced batch is one object in tansu's store, and every fetch lists them all: status
+    shows the count per partition, so a slow broker has a visible cause."""
+    _, before = _status(private_env)
+    stored = before["kafka"]["stored_batches"]
+    assert set(stored) == {"0", "1", "2"} and before["kafka"]["warning"] is None
+    producer = Producer({"bootstrap.servers": before["kafka"]["bootstrap"], "linger.ms": 0})
+    for index in range(5):  # five flushes: five batches
+        producer.produce("clicktopic", value=f"batch-{index}".encode(), partition=2)
+        assert producer.flush(15) == 0
+    _, after = _status(private_env)
+    assert after["kafka"]["stored_batches"]["2"] == stored["2"] + 5
+    assert after["kafka"]["stored_batches"]["0"] == stored["0"]
+    human = run_cli("local", "status", env=private_env).stdout
+    assert "stored batches per partition of clicktopic" in " ".join(human.split())
+
+
+def test_a_crowded_broker_is_named_with_the_way_out():
+    from lakehouse.local.broker import SLOW_READS_BATCHES, slow_reads_warning
+
+    assert slow_reads_warning({0: 10, 1: SLOW_READS_BATCHES, 2: 0}) is None
+    warning = slow_reads_warning({0: 10, 1: 2_500, 2: 4_000})
+    assert "partition 1: 2,500, partition 2: 4,000" in warning and "partition 0" not in warning
+    assert "lakehouse local down --purge" in warning
+
+
 def _read_partition(bootstrap: str, partition: int) -> list[bytes]:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tests", "enable.auto.commit": False})
     consumer.assign([TopicPartition("clicktopic", partition, 0)])
