@@ -68,12 +68,12 @@ def down(purge: bool) -> None:
 def status(as_json: bool) -> None:
     """Show each part's health; exits 1 when a part is down."""
     stack = LocalStack(StackSettings.resolve())
-    state = stack.status()
+    secrets = stack.saved_secrets()
+    state = stack.describe(secrets)
     state["tables"] = table_freshness(Path(state["home"]) / "metrics.json", time.time())
     if state["kafka"]["healthy"] and state["s3"]["healthy"]:
         from lakehouse.local.broker import slow_reads_warning
 
-        secrets = json.loads(stack.settings.secrets_file.read_text())
         stored = stack.broker.stored_batches(secrets)
         state["kafka"]["stored_batches"] = {str(p): n for p, n in stored.items()}
         state["kafka"]["warning"] = slow_reads_warning(stored)

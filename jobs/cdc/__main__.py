@@ -86,7 +86,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics=metrics_sink_for(config),
         warm_up=True,
         change_wait_seconds=args.mode.trigger_seconds,
-        stop_at_source_end=args.mode.until_idle,
     )
     try:
         return run_sync(sync, args.mode, stop)

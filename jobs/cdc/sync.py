@@ -462,7 +462,7 @@ def run_sync(sync: CdcSync, mode: RunMode, stop: StopRequest) -> int:
 
     2: some table stopped with an error. 3: another CDC job committed to a table (nothing written).
     """
-    sync.stop_at_source_end = sync.stop_at_source_end or mode.until_idle
+    sync.stop_at_source_end = sync.stop_at_source_end or mode.until_idle  # --until-idle: the source's end now
     try:
         sync.prepare()
 

@@ -105,17 +105,7 @@ class Broker:
 
     def stored_batches(self, secrets: dict[str, str], topic: str = CLICK_TOPIC) -> dict[int, int]:
         """Per partition of `topic`, the batch objects the broker keeps in the object store."""
-        import boto3
-
-        env = self.object_store.client_env(secrets)
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=env["AWS_ENDPOINT"],
-            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-            region_name=env["AWS_DEFAULT_REGION"],
-        )
-        pages = s3.get_paginator("list_objects_v2")
+        pages = self.object_store.client(secrets).get_paginator("list_objects_v2")
         partitions = self.topic_partitions(topic) or 0
         return {
             partition: sum(

@@ -84,6 +84,19 @@ class ObjectStore:
             return False
         return True
 
+    def client(self, secrets: dict[str, str]):
+        """A boto3 S3 client of this store (the same credentials as the broker's)."""
+        import boto3
+
+        env = self.client_env(secrets)
+        return boto3.client(
+            "s3",
+            endpoint_url=env["AWS_ENDPOINT"],
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+            region_name=env["AWS_DEFAULT_REGION"],
+        )
+
     def client_env(self, secrets: dict[str, str]) -> dict[str, str]:
         """Environment an S3 client (the broker) needs to use this store."""
         return {

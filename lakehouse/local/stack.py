@@ -78,11 +78,15 @@ class LocalStack:
 
     # ---- status -------------------------------------------------------------------------------
 
+    def saved_secrets(self) -> dict[str, str]:
+        """The passwords of the first `up` ({} before it)."""
+        path = self.settings.secrets_file
+        return json.loads(path.read_text()) if path.exists() else {}
+
     def describe(self, secrets: dict[str, str] | None = None) -> dict:
         """The status document (`lakehouse local status --json`)."""
         if secrets is None:
-            path = self.settings.secrets_file
-            secrets = json.loads(path.read_text()) if path.exists() else {}
+            secrets = self.saved_secrets()
         s = self.settings
         parts = {
             "mysql": bool(secrets) and self.mariadb.healthy(secrets),
