@@ -39,12 +39,19 @@ def local() -> None:
 
 
 @local.command()
-def up() -> None:
-    """Start MariaDB, the local S3, the Kafka broker and the catalog (no-op when running)."""
+@click.option(
+    "--keep-topic",
+    is_flag=True,
+    help="Keep every batch in the local topic (no retention): replayable from offset 0, but the "
+    "broker's reads slow down past ~2,000 batches per partition.",
+)
+def up(keep_topic: bool) -> None:
+    """Start MariaDB, the local S3, the Kafka broker, the catalog and the topic retention (no-op
+    when running)."""
     began = time.monotonic()
     try:
         stack = LocalStack(StackSettings.resolve())
-        state = stack.up(progress=lambda msg: console.print(f"  {msg}"))
+        state = stack.up(progress=lambda msg: console.print(f"  {msg}"), topic_retention=not keep_topic)
     except (StackError, ConfigError, ValueError) as exc:
         _fail(str(exc))
     console.print(
@@ -76,7 +83,7 @@ def status(as_json: bool) -> None:
 
         stored = stack.broker.stored_batches(secrets)
         state["kafka"]["stored_batches"] = {str(p): n for p, n in stored.items()}
-        state["kafka"]["warning"] = slow_reads_warning(stored)
+        state["kafka"]["warning"] = slow_reads_warning(stored, state["topic_retention"]["running"])
     if as_json:
         out.print_json(json.dumps(state))
     else:
@@ -92,6 +99,14 @@ def status(as_json: bool) -> None:
         for name, address, part in rows:
             health = "[green]up[/]" if part["healthy"] else "[red]down[/]"
             table.add_row(name, health, address, str(part.get("pid") or "-"), part.get("log", "-"))
+        retention = state["topic_retention"]
+        table.add_row(
+            "topic retention",
+            "[green]up[/]" if retention["running"] else "[yellow]off[/]",
+            f"keeps unread + newest {retention['keep_batches']:,} batches",
+            str(retention["pid"] or "-"),
+            retention["log"],
+        )
         out.print(table)
         if "stored_batches" in state["kafka"]:
             counts = ", ".join(f"{n:,}" for n in state["kafka"]["stored_batches"].values())

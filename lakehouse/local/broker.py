@@ -28,21 +28,27 @@ def _tansu_binary() -> str:
 # from the oldest (1,000 per S3 page) until the fetch's wait ends: 50 ms for the ingest. Past about
 # 3,000 objects a reader at the end of the topic gets empty fetches; it is slower well before
 # (measured for issue 26: click latency p50 36 ms at 1.9k objects, 17 s at 9.5k). tansu 0.6 has
-# no retention, so nothing removes them but `lakehouse local down --purge`.
+# no retention: the stack's own (topic_retention.py) deletes what the lake has read.
 SLOW_READS_BATCHES = 2_000
 
 
-def slow_reads_warning(stored: dict[int, int], limit: int = SLOW_READS_BATCHES) -> str | None:
+def slow_reads_warning(
+    stored: dict[int, int], retention_running: bool, limit: int = SLOW_READS_BATCHES
+) -> str | None:
     """What to tell a user whose broker holds enough batches to slow every fetch, else None."""
     crowded = {partition: count for partition, count in sorted(stored.items()) if count > limit}
     if not crowded:
         return None
     listed = ", ".join(f"partition {p}: {n:,}" for p, n in crowded.items())
+    why = f"the broker stores many batches ({listed}); reads slow down past {limit:,} and stall near 3,000"
+    if not retention_running:
+        return (
+            f"{why}, and the topic retention is off. `lakehouse local up` starts it: it deletes the "
+            "batches the lake has read"
+        )
     return (
-        f"the broker stores many batches ({listed}; reads slow down past {limit:,} and stall near "
-        "3,000, because tansu lists them all on every fetch and has no retention). "
-        "`lakehouse local down --purge && lakehouse local up` starts over (the lake and the "
-        "source database too)"
+        f"{why}. The topic retention deletes only batches the lake has read: start the ingest "
+        "(`lakehouse run streaming` or `lakehouse run ingest`) and let it catch up"
     )
 
 
@@ -110,7 +116,7 @@ class Broker:
         return {
             partition: sum(
                 page.get("KeyCount", 0)
-                for page in pages.paginate(Bucket=BROKER_BUCKET, Prefix=_records_prefix(topic, partition))
+                for page in pages.paginate(Bucket=BROKER_BUCKET, Prefix=records_prefix(topic, partition))
             )
             for partition in range(partitions)
         }
@@ -119,6 +125,12 @@ class Broker:
         return self.process.stop()
 
 
-def _records_prefix(topic: str, partition: int) -> str:
-    """Where tansu's S3 engine keeps a partition's batches (one object each)."""
+def records_prefix(topic: str, partition: int) -> str:
+    """Where tansu's S3 engine keeps a partition's batches, one object per batch named by the offset
+    of its first record (`00000000000000000042.batch`)."""
     return f"clusters/tansu_cluster/topics/{topic}/partitions/{partition:010d}/records/"
+
+
+def watermark_key(topic: str, partition: int) -> str:
+    """tansu's record of a partition's high watermark (`{"high": N, ...}`)."""
+    return f"clusters/tansu_cluster/topics/{topic}/partitions/{partition:010d}/watermark.json"

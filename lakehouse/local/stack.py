@@ -14,6 +14,7 @@ from lakehouse.local.mariadb import APP_USER, CDC_USER, MariaDb
 from lakehouse.local.object_store import ObjectStore
 from lakehouse.local.process import StackError, port_in_use
 from lakehouse.local.settings import PORT_ENV, StackSettings, load_or_create_secrets
+from lakehouse.local.topic_retention import KEEP_BATCHES, RetentionProcess
 
 Progress = Callable[[str], None]
 
@@ -24,19 +25,25 @@ class LocalStack:
         self.mariadb = MariaDb(settings)
         self.object_store = ObjectStore(settings)
         self.broker = Broker(settings, self.object_store)
+        self.retention = RetentionProcess(settings)
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
-    def up(self, progress: Progress = lambda _: None) -> dict:
-        """Start whatever is not running; a second call changes nothing."""
+    def up(self, progress: Progress = lambda _: None, topic_retention: bool = True) -> dict:
+        """Start whatever is not running; a second call changes nothing. Without `topic_retention`
+        the broker keeps every batch (replayable; reads slow down, see topic_retention.py)."""
         self._check_ports()
         secrets = load_or_create_secrets(self.settings)
-        steps = (
+        steps = [
             ("mariadb", lambda: self.mariadb.start(secrets)),
             ("seaweedfs", lambda: self.object_store.start(secrets)),
             ("tansu", lambda: self.broker.start(secrets)),
             ("catalog", lambda: catalog.ensure_catalog(self.settings.catalog_path, self.settings.warehouse)),
-        )
+        ]
+        if topic_retention:  # after the catalog: it reads the tables' stored offsets
+            steps.append(("topic retention", self.retention.start))
+        elif self.retention.stop():
+            progress("topic retention stopped")
         for name, start in steps:
             began = time.monotonic()
             start()
@@ -67,6 +74,7 @@ class LocalStack:
     def down(self, purge: bool = False, progress: Progress = lambda _: None) -> None:
         """Stop the project's own processes (broker first, the store it writes to last)."""
         for name, stop in (
+            ("topic retention", self.retention.stop),
             ("tansu", self.broker.stop),
             ("seaweedfs", self.object_store.stop),
             ("mariadb", self.mariadb.stop),
@@ -122,6 +130,13 @@ class LocalStack:
                 "healthy": parts["s3"],
                 "pid": self.object_store.process.pid(),
                 "log": str(self.object_store.process.log_file),
+            },
+            "topic_retention": {
+                # Optional: without it the stack works, and reads slow down as batches pile up.
+                "running": self.retention.healthy(),
+                "keep_batches": KEEP_BATCHES,
+                "pid": self.retention.process.pid(),
+                "log": str(self.retention.process.log_file),
             },
             "catalog": {
                 "name": CATALOG_NAME,

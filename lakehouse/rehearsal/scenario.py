@@ -99,7 +99,9 @@ class Rehearsal:
         cluster: StandaloneCluster | None = None
         self.runs: list[StepRun] = []
         try:
-            state = stack.up()
+            # MSK keeps records by age (168 h), not by what the lake read: no local topic retention,
+            # and the verdict reads the whole topic back.
+            state = stack.up(topic_retention=False)
             moto.start()
             self.subs = self._substitutions(stack, state, moto)
             self.resolver = Resolver(assembly, PSEUDO_PARAMETERS, self.subs.resource_value)
