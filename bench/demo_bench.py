@@ -128,40 +128,18 @@ def _within(seconds: float | None, limit: float) -> bool:
 
 def _outside(home: Path, kafka_port: int) -> dict[str, list[float]]:
     """Latencies computed from the topic's timestamps and the tables' snapshot metadata alone."""
-    from jobs.common.lake_tables import OFFSETS_KEY, offsets_from_summary
-    from jobs.views.job import PROGRESS_KEY, watermark_from_summary
+    from bench.lake_visibility import click_commits, latencies, views_commits
     from lakehouse.demo import WARM_UP_EVENTS
     from lakehouse.local.catalog import pyiceberg_catalog
 
     records = _topic_timestamps(f"127.0.0.1:{kafka_port}")
     catalog = pyiceberg_catalog(home / "catalog.db", home / "warehouse")
-
-    def covered_at(table: str, ends_of) -> list[tuple[float, dict[int, int]]]:
-        snapshots = sorted(catalog.load_table(table).snapshots(), key=lambda s: s.timestamp_ms)
-        found = []
-        for snapshot in snapshots:
-            ends = ends_of(snapshot.summary.additional_properties if snapshot.summary else {})
-            if ends:
-                found.append((snapshot.timestamp_ms / 1000, ends))
-        return found
-
-    clicks = covered_at(
-        "ods_behavior.clickevent", lambda s: offsets_from_summary(s.get(OFFSETS_KEY), "clicktopic")
-    )
-    views = covered_at("ads_behavior.product_views", lambda s: watermark_from_summary(s.get(PROGRESS_KEY))[1])
     # The demo's warm-up events go first; its figure leaves them out, so does this one.
     measured = sorted(records, key=lambda r: r[2])[WARM_UP_EVENTS:]
-    return {"clicks": _latencies(measured, clicks), "views": _latencies(measured, views)}
-
-
-def _latencies(records, commits) -> list[float]:
-    latencies = []
-    for partition, offset, produced in records:
-        for committed, ends in commits:
-            if ends.get(partition, 0) > offset:
-                latencies.append(max(0.0, committed - produced))
-                break
-    return latencies
+    return {
+        "clicks": latencies(measured, click_commits(catalog))[0],
+        "views": latencies(measured, views_commits(catalog))[0],
+    }
 
 
 def _topic_timestamps(bootstrap: str) -> list[tuple[int, int, float]]:
@@ -178,6 +156,13 @@ def _topic_timestamps(bootstrap: str) -> list[tuple[int, int, float]]:
             found += [
                 (m.partition(), m.offset(), m.timestamp()[1] / 1000) for m in messages if m.error() is None
             ]
+        first = {p: min(o for q, o, _ in found if q == p) for p in {q for q, _, _ in found}}
+        if any(offset > 0 for offset in first.values()):
+            # Reading back needs every record; the run left more than the retention keeps.
+            raise RuntimeError(
+                f"the topic retention deleted records this bench reads back (first offsets {first}); "
+                "shorten the run or lower the rate"
+            )
         return found
     finally:
         consumer.close()

@@ -19,7 +19,7 @@ def _free_port_base(start: int, span: int) -> int:
 
 
 @contextlib.contextmanager
-def private_stack(prefix: str) -> Iterator:
+def private_stack(prefix: str, topic_retention: bool = True) -> Iterator:
     """A LocalStack in a temp home, so a bench never touches the user's stack; purged afterwards."""
     home = Path(tempfile.mkdtemp(prefix=f"lakehouse-bench-{prefix}-"))
     os.environ.update(
@@ -34,7 +34,7 @@ def private_stack(prefix: str) -> Iterator:
     from lakehouse.local.stack import LocalStack
 
     stack = LocalStack(StackSettings.resolve(home))
-    stack.up()
+    stack.up(topic_retention=topic_retention)
     try:
         yield stack
     finally:
