@@ -70,7 +70,12 @@ def _soak(
             if sent < milestone:
                 fill = _produce(stack, work / "fill.txt", rate=fill_rate, records=milestone - sent)
                 sent += len(fill)
-                _caught_up(catalog, processes, fill)
+                fill_clicks, fill_views = _caught_up(catalog, processes, fill)
+                if fill_clicks[1] or fill_views[1]:
+                    raise RuntimeError(
+                        f"the lake did not catch up within {CATCH_UP_SECONDS}s after the fill to "
+                        f"{milestone:,} ({fill_clicks[1]:,} clicks, {fill_views[1]:,} views not visible)"
+                    )
             if maintain_every and sent - maintained_at >= maintain_every:
                 maintenance = run_job("maintain")
                 if maintenance.returncode != 0:

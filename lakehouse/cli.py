@@ -40,18 +40,22 @@ def local() -> None:
 
 @local.command()
 @click.option(
-    "--keep-topic",
-    is_flag=True,
+    "--keep-topic/--trim-topic",
+    default=None,
     help="Keep every batch in the local topic (no retention): replayable from offset 0, but the "
-    "broker's reads slow down past ~2,000 batches per partition.",
+    "broker's reads slow down past ~2,000 batches per partition. The choice is remembered "
+    "(`lakehouse demo` keeps it) until --trim-topic; the default is to trim.",
 )
-def up(keep_topic: bool) -> None:
+def up(keep_topic: bool | None) -> None:
     """Start MariaDB, the local S3, the Kafka broker, the catalog and the topic retention (no-op
     when running)."""
     began = time.monotonic()
     try:
         stack = LocalStack(StackSettings.resolve())
-        state = stack.up(progress=lambda msg: console.print(f"  {msg}"), topic_retention=not keep_topic)
+        state = stack.up(
+            progress=lambda msg: console.print(f"  {msg}"),
+            topic_retention=None if keep_topic is None else not keep_topic,
+        )
     except (StackError, ConfigError, ValueError) as exc:
         _fail(str(exc))
     console.print(

@@ -228,7 +228,9 @@ def test_a_crowded_broker_is_named_with_the_way_out():
     warning = slow_reads_warning({0: 10, 1: 2_500, 2: 4_000}, retention_running=True)
     assert "partition 1: 2,500, partition 2: 4,000" in warning and "partition 0" not in warning
     assert "start the ingest" in warning  # only what the lake has read may go
-    assert "`lakehouse local up` starts it" in slow_reads_warning({0: 2_500}, retention_running=False)
+    assert "`lakehouse local up --trim-topic` starts it" in slow_reads_warning(
+        {0: 2_500}, retention_running=False
+    )
 
 
 def _read_partition(bootstrap: str, partition: int) -> list[bytes]:
@@ -340,5 +342,7 @@ def test_the_topic_retention_runs_with_the_stack_and_can_be_turned_off(private_e
     code, kept = _status(private_env)
     assert kept["topic_retention"]["running"] is False and code == 0  # optional: still healthy
     assert "off" in run_cli("local", "status", env=private_env).stdout
-    run_cli("local", "up", env=private_env)
+    run_cli("local", "up", env=private_env)  # what `lakehouse demo` does: the choice is kept
+    assert _status(private_env)[1]["topic_retention"]["running"] is False
+    run_cli("local", "up", "--trim-topic", env=private_env)
     assert _status(private_env)[1]["topic_retention"]["running"] is True

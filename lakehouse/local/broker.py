@@ -43,8 +43,8 @@ def slow_reads_warning(
     why = f"the broker stores many batches ({listed}); reads slow down past {limit:,} and stall near 3,000"
     if not retention_running:
         return (
-            f"{why}, and the topic retention is off. `lakehouse local up` starts it: it deletes the "
-            "batches the lake has read"
+            f"{why}, and the topic retention is off. `lakehouse local up --trim-topic` starts it: it "
+            "deletes the batches the lake has read"
         )
     return (
         f"{why}. The topic retention deletes only batches the lake has read: start the ingest "

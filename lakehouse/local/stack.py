@@ -29,10 +29,19 @@ class LocalStack:
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
-    def up(self, progress: Progress = lambda _: None, topic_retention: bool = True) -> dict:
-        """Start whatever is not running; a second call changes nothing. Without `topic_retention`
-        the broker keeps every batch (replayable; reads slow down, see topic_retention.py)."""
+    def up(self, progress: Progress = lambda _: None, topic_retention: bool | None = None) -> dict:
+        """Start whatever is not running; a second call changes nothing. `topic_retention` False:
+        the broker keeps every batch (replayable; reads slow down, see topic_retention.py); None:
+        as the last `up` that chose (default on), so the demo does not undo `up --keep-topic`."""
         self._check_ports()
+        keep_topic_marker = self.settings.run_dir / "keep-topic"
+        if topic_retention is None:
+            topic_retention = not keep_topic_marker.exists()
+        elif topic_retention:
+            keep_topic_marker.unlink(missing_ok=True)
+        else:
+            keep_topic_marker.parent.mkdir(parents=True, exist_ok=True)
+            keep_topic_marker.touch()
         secrets = load_or_create_secrets(self.settings)
         steps = [
             ("mariadb", lambda: self.mariadb.start(secrets)),
