@@ -87,7 +87,7 @@ def status(as_json: bool) -> None:
 
         stored = stack.broker.stored_batches(secrets)
         state["kafka"]["stored_batches"] = {str(p): n for p, n in stored.items()}
-        state["kafka"]["warning"] = slow_reads_warning(stored, state["topic_retention"]["running"])
+        state["kafka"]["warning"] = slow_reads_warning(stored, state["topic_retention"]["state"])
     if as_json:
         out.print_json(json.dumps(state))
     else:
@@ -106,7 +106,7 @@ def status(as_json: bool) -> None:
         retention = state["topic_retention"]
         table.add_row(
             "topic retention",
-            "[green]up[/]" if retention["running"] else "[yellow]off[/]",
+            {"up": "[green]up[/]", "off": "[yellow]off[/]"}.get(retention["state"], "[red]failing[/]"),
             f"keeps unread + newest {retention['keep_batches']:,} batches",
             str(retention["pid"] or "-"),
             retention["log"],

@@ -19,6 +19,7 @@ from lakehouse.local.topic_retention import (
     base_offset,
     expired_batches,
     lake_read_offsets,
+    retention_state,
 )
 
 TOPIC = "clicktopic"
@@ -150,3 +151,25 @@ def test_a_failed_pass_is_logged_once_and_the_next_one_deletes(s3, caplog):
     assert _stored(s3, 0) == [9]
     assert [r.levelname for r in caplog.records if "failed" in r.getMessage()] == ["ERROR"]
     assert any("succeed again" in r.getMessage() for r in caplog.records)
+
+
+def test_status_tells_a_working_retention_from_a_stuck_one():
+    assert retention_state(running=False, since_pass=1.0, since_start=1.0) == "off"
+    assert retention_state(running=True, since_pass=2.0, since_start=500.0) == "up"
+    assert retention_state(running=True, since_pass=None, since_start=5.0) == "up"  # first pass pending
+    assert retention_state(running=True, since_pass=None, since_start=45.0) == "failing"
+    assert retention_state(running=True, since_pass=120.0, since_start=500.0) == "failing"
+
+
+def test_each_completed_pass_is_reported(s3):
+    _store(s3, 0, list(range(5)), high=5)
+    stop, reported = threading.Event(), []
+
+    def read() -> dict[int, int]:
+        if len(reported) == 2:
+            stop.set()
+        return {0: 5}
+
+    settings = RetentionSettings(topic=TOPIC, keep_batches=0, interval_seconds=0.01)
+    TopicRetention(s3, BUCKET, read, settings).run_until(stop, on_pass=lambda: reported.append(1))
+    assert len(reported) == 3

@@ -33,19 +33,22 @@ SLOW_READS_BATCHES = 2_000
 
 
 def slow_reads_warning(
-    stored: dict[int, int], retention_running: bool, limit: int = SLOW_READS_BATCHES
+    stored: dict[int, int], retention_state: str, limit: int = SLOW_READS_BATCHES
 ) -> str | None:
-    """What to tell a user whose broker holds enough batches to slow every fetch, else None."""
+    """What to tell a user whose broker holds enough batches to slow every fetch, else None.
+    `retention_state`: the topic retention's "up", "failing" or "off"."""
     crowded = {partition: count for partition, count in sorted(stored.items()) if count > limit}
     if not crowded:
         return None
     listed = ", ".join(f"partition {p}: {n:,}" for p, n in crowded.items())
     why = f"the broker stores many batches ({listed}); reads slow down past {limit:,} and stall near 3,000"
-    if not retention_running:
+    if retention_state == "off":
         return (
             f"{why}, and the topic retention is off. `lakehouse local up --trim-topic` starts it: it "
             "deletes the batches the lake has read"
         )
+    if retention_state == "failing":
+        return f"{why}, and the topic retention has not completed a pass lately: see its log"
     return (
         f"{why}. The topic retention deletes only batches the lake has read: start the ingest "
         "(`lakehouse run streaming` or `lakehouse run ingest`) and let it catch up"

@@ -14,7 +14,7 @@ from lakehouse.local.mariadb import APP_USER, CDC_USER, MariaDb
 from lakehouse.local.object_store import ObjectStore
 from lakehouse.local.process import StackError, port_in_use
 from lakehouse.local.settings import PORT_ENV, StackSettings, load_or_create_secrets
-from lakehouse.local.topic_retention import KEEP_BATCHES, RetentionProcess
+from lakehouse.local.topic_retention import RetentionProcess
 
 Progress = Callable[[str], None]
 
@@ -140,13 +140,8 @@ class LocalStack:
                 "pid": self.object_store.process.pid(),
                 "log": str(self.object_store.process.log_file),
             },
-            "topic_retention": {
-                # Optional: without it the stack works, and reads slow down as batches pile up.
-                "running": self.retention.healthy(),
-                "keep_batches": KEEP_BATCHES,
-                "pid": self.retention.process.pid(),
-                "log": str(self.retention.process.log_file),
-            },
+            # Optional: without it the stack works, and reads slow down as batches pile up.
+            "topic_retention": self.retention.describe(time.time()),
             "catalog": {
                 "name": CATALOG_NAME,
                 "uri": f"sqlite:///{s.catalog_path}",

@@ -136,13 +136,14 @@ class TopicRetention:
                 )  # fmt: skip
         return deleted
 
-    def run_until(self, stop: threading.Event) -> None:
-        """A pass every interval until `stop`; a failed pass (store or catalog busy or down) is
-        logged and retried at the next one."""
+    def run_until(self, stop: threading.Event, on_pass: Callable[[], None] = lambda: None) -> None:
+        """A pass every interval until `stop`, `on_pass` after each that completed; a failed pass
+        (store or catalog busy or down) is logged and retried at the next one."""
         failing = False
         while not stop.is_set():
             try:
                 self.run_once()
+                on_pass()
                 if failing:
                     log.info("retention passes succeed again")
                 failing = False
@@ -183,16 +184,36 @@ class TopicRetention:
                 raise RuntimeError(f"could not delete {first.get('Key')}: {first.get('Message')}")
 
 
+# A running process that has not completed a pass for this long is failing (see its log); a new
+# one gets as long for its first pass (imports, catalog open).
+STALE_SECONDS = 30.0
+
+
+def retention_state(running: bool, since_pass: float | None, since_start: float | None) -> str:
+    """ "off" (no process), "up" (a pass completed lately, or it has only just started), or
+    "failing" (running, but no pass completed for STALE_SECONDS)."""
+    if not running:
+        return "off"
+    if since_pass is not None and since_pass <= STALE_SECONDS:
+        return "up"
+    if since_pass is None and since_start is not None and since_start <= STALE_SECONDS:
+        return "up"
+    return "failing"
+
+
 class RetentionProcess:
-    """The retention loop as a process of the local stack (pid file and log beside the others)."""
+    """The retention loop as a process of the local stack (pid file and log beside the others;
+    a file touched after every completed pass, so status can tell running from working)."""
 
     def __init__(self, settings: StackSettings) -> None:
         self.settings = settings
         self.process = ManagedProcess("topic-retention", settings.run_dir, settings.log_dir, MODULE)
+        self.last_pass_file = settings.run_dir / "topic-retention.last-pass"
 
     def start(self) -> None:
         """Start unless running. Not waited for: it needs nothing to be ready, nothing waits on it."""
         if not self.process.is_running():
+            self.last_pass_file.unlink(missing_ok=True)
             self.process.start([sys.executable, "-m", MODULE, "--home", str(self.settings.home)])
 
     def stop(self) -> bool:
@@ -200,6 +221,29 @@ class RetentionProcess:
 
     def healthy(self) -> bool:
         return self.process.is_running()
+
+    def mark_pass(self) -> None:
+        self.last_pass_file.touch()
+
+    def describe(self, now: float) -> dict:
+        running = self.process.is_running()
+        since_pass = _age(self.last_pass_file, now)
+        since_start = _age(self.process.pid_file, now)
+        return {
+            "running": running,
+            "state": retention_state(running, since_pass, since_start),
+            "seconds_since_pass": None if since_pass is None else round(since_pass, 1),
+            "keep_batches": KEEP_BATCHES,
+            "pid": self.process.pid(),
+            "log": str(self.process.log_file),
+        }
+
+
+def _age(path: Path, now: float) -> float | None:
+    try:
+        return max(0.0, now - path.stat().st_mtime)
+    except FileNotFoundError:
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         settings.keep_batches,
         settings.topic,
     )
-    TopicRetention(s3, BROKER_BUCKET, lake_reader(catalog, settings), settings).run_until(stop)
+    retention = TopicRetention(s3, BROKER_BUCKET, lake_reader(catalog, settings), settings)
+    retention.run_until(stop, on_pass=RetentionProcess(stack.settings).mark_pass)
     return 0
 
 
