@@ -62,8 +62,8 @@ def _soak(
     )
     try:
         wait_running(status_file, processes, timeout=300)
-        _produce(stack, work / "warm.txt", rate=RATE, records=30)  # Python workers start here
-        _caught_up(catalog, processes, _read(work / "warm.txt"))
+        warm = _produce(stack, work / "warm.txt", rate=RATE, records=30)  # Python workers start here
+        _caught_up(catalog, processes, warm)
         sent = 30
         milestone = 0
         while True:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -114,15 +115,9 @@ class Broker:
 
     def stored_batches(self, secrets: dict[str, str], topic: str = CLICK_TOPIC) -> dict[int, int]:
         """Per partition of `topic`, the batch objects the broker keeps in the object store."""
-        pages = self.object_store.client(secrets).get_paginator("list_objects_v2")
+        s3 = self.object_store.client(secrets)
         partitions = self.topic_partitions(topic) or 0
-        return {
-            partition: sum(
-                page.get("KeyCount", 0)
-                for page in pages.paginate(Bucket=BROKER_BUCKET, Prefix=records_prefix(topic, partition))
-            )
-            for partition in range(partitions)
-        }
+        return {p: sum(1 for _ in batch_keys(s3, BROKER_BUCKET, topic, p)) for p in range(partitions)}
 
     def stop(self) -> bool:
         return self.process.stop()
@@ -132,6 +127,16 @@ def records_prefix(topic: str, partition: int) -> str:
     """Where tansu's S3 engine keeps a partition's batches, one object per batch named by the offset
     of its first record (`00000000000000000042.batch`)."""
     return f"clusters/tansu_cluster/topics/{topic}/partitions/{partition:010d}/records/"
+
+
+def batch_keys(s3, bucket: str, topic: str, partition: int) -> Iterator[str]:
+    """The keys of a partition's batch objects, as S3 lists them."""
+    for page in s3.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=records_prefix(topic, partition)
+    ):
+        for item in page.get("Contents", []):
+            if item["Key"].endswith(".batch"):
+                yield item["Key"]
 
 
 def watermark_key(topic: str, partition: int) -> str:

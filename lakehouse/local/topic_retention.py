@@ -19,13 +19,13 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from jobs.common.lake_tables import FACT_TABLE, OFFSETS_KEY, REJECTS_TABLE, offsets_from_summary
 from jobs.config import CLICK_TOPIC
-from lakehouse.local.broker import records_prefix, watermark_key
+from lakehouse.local.broker import batch_keys, watermark_key
 from lakehouse.local.process import ManagedProcess
 from lakehouse.local.settings import StackSettings
 
@@ -125,7 +125,8 @@ class TopicRetention:
                     self.settings.topic, partition, read_up_to, high,
                 )  # fmt: skip
                 continue
-            expired = expired_batches(self._batch_keys(partition), read_up_to, self.settings.keep_batches)
+            keys = batch_keys(self.s3, self.bucket, self.settings.topic, partition)
+            expired = expired_batches(keys, read_up_to, self.settings.keep_batches)
             self._delete(expired)
             self._done_up_to[partition] = read_up_to
             if expired:
@@ -165,15 +166,6 @@ class TopicRetention:
         except self.s3.exceptions.NoSuchKey:
             return None
         return json.loads(body.read()).get("high")
-
-    def _batch_keys(self, partition: int) -> Iterator[str]:
-        pages = self.s3.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=records_prefix(self.settings.topic, partition)
-        )
-        for page in pages:
-            for item in page.get("Contents", []):
-                if item["Key"].endswith(".batch"):
-                    yield item["Key"]
 
     def _delete(self, keys: list[str]) -> None:
         for start in range(0, len(keys), _DELETE_PAGE):
@@ -219,9 +211,6 @@ class RetentionProcess:
     def stop(self) -> bool:
         return self.process.stop()
 
-    def healthy(self) -> bool:
-        return self.process.is_running()
-
     def mark_pass(self) -> None:
         self.last_pass_file.touch()
 
@@ -248,19 +237,19 @@ def _age(path: Path, now: float) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     from lakehouse.local.catalog import pyiceberg_catalog
-    from lakehouse.local.object_store import BROKER_BUCKET, ObjectStore
+    from lakehouse.local.object_store import BROKER_BUCKET
     from lakehouse.local.stack import LocalStack
 
     parser = argparse.ArgumentParser(prog="python -m lakehouse.local.topic_retention", description=__doc__)
     parser.add_argument("--home", type=Path, required=True, help="the local stack's state directory")
-    parser.add_argument("--keep-batches", type=int, default=KEEP_BATCHES)
     parser.add_argument("--interval", type=float, default=INTERVAL_SECONDS, help="seconds between passes")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stack = LocalStack(StackSettings.resolve(args.home))
-    s3 = ObjectStore(stack.settings).client(stack.saved_secrets())
+    s3 = stack.object_store.client(stack.saved_secrets())
     catalog = pyiceberg_catalog(stack.settings.catalog_path, stack.settings.warehouse)
-    settings = RetentionSettings(keep_batches=args.keep_batches, interval_seconds=args.interval)
+    # KEEP_BATCHES, fixed: `lakehouse local status` reports it.
+    settings = RetentionSettings(interval_seconds=args.interval)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     log.info(
@@ -269,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         settings.topic,
     )
     retention = TopicRetention(s3, BROKER_BUCKET, lake_reader(catalog, settings), settings)
-    retention.run_until(stop, on_pass=RetentionProcess(stack.settings).mark_pass)
+    retention.run_until(stop, on_pass=stack.retention.mark_pass)
     return 0
 
 
