@@ -5,13 +5,15 @@ time the topic has received another BENCH_SOAK_WINDOW (100,000) records, up to B
 records, and the lake catches up before the next window. Per window: click -> visible and click ->
 counted in product_views p50/p95 (snapshot metadata against the producer's own clock) and the
 batch objects the broker stores, and the click table's data files and snapshots.
-BENCH_SOAK_RETENTION=0 runs it without the topic retention. BENCH_SOAK_MAINTAIN_EVERY=N runs
-`maintain` (compaction, snapshot expiry) after every N records, beside the streaming application,
-as the hourly EMR step does on AWS; 0 (the default) never runs it.
+BENCH_SOAK_RETENTION=0 runs it without the topic retention. The streaming application maintains
+the tables itself as on any local stack (every 15 minutes; BENCH_SOAK_MAINTAIN_MINUTES=M changes
+it, 0 turns it off). BENCH_SOAK_MAINTAIN_EVERY=N instead runs `maintain` as a process of its own
+after every N records (the in-application maintenance then off), as the hourly EMR step does on AWS.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -39,12 +41,20 @@ def run() -> list[dict]:
     fill_rate = float(os.environ.get("BENCH_SOAK_FILL_RATE", 4_000))
     retention = os.environ.get("BENCH_SOAK_RETENTION", "1") != "0"
     maintain_every = int(os.environ.get("BENCH_SOAK_MAINTAIN_EVERY", 0))
+    maintain_minutes = os.environ.get("BENCH_SOAK_MAINTAIN_MINUTES", "0" if maintain_every else "")
     with private_stack("soak", topic_retention=retention) as stack:
-        return _soak(stack, total, window, seconds, fill_rate, retention, maintain_every)
+        return _soak(stack, total, window, seconds, fill_rate, retention, maintain_every, maintain_minutes)
 
 
 def _soak(
-    stack, total: int, window: int, seconds: float, fill_rate: float, retention: bool, maintain_every: int
+    stack,
+    total: int,
+    window: int,
+    seconds: float,
+    fill_rate: float,
+    retention: bool,
+    maintain_every: int,
+    maintain_minutes: str,
 ) -> list[dict]:
     from lakehouse.demo import STATUS_FILE, wait_running
     from lakehouse.job_processes import JobProcesses, run_job
@@ -54,11 +64,18 @@ def _soak(
     catalog = pyiceberg_catalog(settings.catalog_path, settings.warehouse)
     processes = JobProcesses(settings.home / "logs" / "soak")
     status_file = processes.log_dir / STATUS_FILE
-    processes.start("streaming", "--status-file", str(status_file), ready_pattern=r"streaming: starting")
+    maintenance = ("--maintain-every-minutes", maintain_minutes) if maintain_minutes else ()
+    processes.start(
+        "streaming", "--status-file", str(status_file), *maintenance, ready_pattern=r"streaming: starting"
+    )
     work = Path(tempfile.mkdtemp(prefix="soak-"))
     rows, first_p95, sent, maintained_at = [], None, 0, 0
     label = ("" if retention else " (no retention)") + (
-        f" (maintain every {maintain_every:,})" if maintain_every else ""
+        f" (maintain every {maintain_every:,})"
+        if maintain_every
+        else f" (in-app maintenance every {maintain_minutes} min)"
+        if maintain_minutes
+        else ""
     )
     try:
         wait_running(status_file, processes, timeout=300)
@@ -103,8 +120,8 @@ def _soak(
                     views_p95 <= TARGET_VIEWS_P95 and not views[1], before=before["views"]),
                 row("  batch objects in the broker (before / after the window; max per partition)",
                     f"{stored_before:,} / {sum(stored.values()):,}; {max(stored.values()):,}"),
-                row("  click table: data files / snapshots",
-                    f"{files:,} / {len(clicks_table.snapshots()):,}"),
+                row("  click table: data files / snapshots; in-app maintenance runs so far",
+                    f"{files:,} / {len(clicks_table.snapshots()):,}; {_maintenance_runs(status_file)}"),
             ]  # fmt: skip
             if sent >= total or clicks[1]:  # a stalled broker makes later windows meaningless
                 break
@@ -118,6 +135,12 @@ def _soak(
     finally:
         processes.stop()
     return rows
+
+
+def _maintenance_runs(status_file: Path) -> str:
+    """How often the application maintained the tables itself ("off" when it does not)."""
+    maintenance = json.loads(status_file.read_text()).get("maintenance")
+    return "off" if maintenance is None else str(maintenance["runs"])
 
 
 def _produce(stack, out: Path, rate: float, records: int) -> list[Record]:

@@ -205,14 +205,25 @@ def test_until_idle_over_a_backlog_equals_the_sources(stack):
     assert status["views"]["records"] == len(lake(stack, "ods_behavior.clickevent"))
 
 
+def compacted_clicks(stack: Stack) -> bool:
+    """A table maintenance run of the application left the click table with fewer data files."""
+    try:
+        maintenance = json.loads(stack.status_file.read_text()).get("maintenance") or {}
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+    return maintenance.get("data_files_removed", {}).get("ods_behavior.clickevent", 0) > 0
+
+
 def test_mariadb_down_leaves_ingest_and_views_committing_and_cdc_catches_up(stack):
+    """... with table maintenance running beside the jobs (as locally every 15 min): it compacts the
+    click table while they commit, and nothing is lost or doubled."""
     stack.status_file.unlink(missing_ok=True)  # an earlier run's "running" must not count
-    app = stack.start_streaming()
+    app = stack.start_streaming("--maintain-every-minutes", "0.2")
     try:
         wait_for(lambda: stack.job_status().get("cdc", {}).get("state") == "running", 180, "CDC running")
         assert stack.stack.mariadb.stop()
         before = stack.job_status()
-        stack.produce(3_000)
+        stack.produce(3_000, "--rate", "300")  # over 10 s: many small commits, for maintenance to compact
         wait_for(
             lambda: stack.job_status()["ingest"]["records"] >= before["ingest"]["records"] + 3_000,
             120,
@@ -230,6 +241,8 @@ def test_mariadb_down_leaves_ingest_and_views_committing_and_cdc_catches_up(stac
         wait_for(
             lambda: not dims_differences(stack), 180, "CDC to apply the changes made after MariaDB returned"
         )
+        wait_for(lambda: compacted_clicks(stack), 120, "table maintenance to compact the click table")
+        assert json.loads(stack.status_file.read_text())["maintenance"]["errors"] == []
     finally:
         app.send_signal(signal.SIGTERM)
         code = app.wait(120)

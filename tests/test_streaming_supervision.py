@@ -1,12 +1,18 @@
 """The streaming application's supervision, with scripted jobs (no Spark, no sources): a job that
-fails is closed (its binlog reader, its consumers) before its replacement starts."""
+fails is closed (its binlog reader, its consumers) before its replacement starts; the table
+maintenance beside the jobs runs on schedule, survives a failing run and stops with them."""
 
 from __future__ import annotations
 
+import json
+import time
 from types import SimpleNamespace
 
-from jobs.common.run_modes import RunMode
+from jobs.common.run_modes import RunMode, StopRequest
+from jobs.maintain.job import TableReport
+from jobs.maintain.procedures import TableStats
 from jobs.streaming.application import StreamingApplication, StreamingOptions
+from jobs.streaming.maintenance import PeriodicMaintenance
 
 
 class ScriptedJob:
@@ -70,3 +76,70 @@ def test_a_job_failing_while_it_prepares_is_closed_too():
     events = _run(["prepare"])
     assert events[:2] == [(0, "prepare"), (0, "close")]
     assert (0, "finish") not in events
+
+
+# ---- table maintenance beside the jobs (local stack) ------------------------------------------------
+
+
+def _maintenance(script: list):
+    """A PeriodicMaintenance whose runs follow `script` (reports to return, or an exception to raise)."""
+    calls = []
+
+    def maintain(spark, config, tables, settings, should_stop):
+        calls.append(settings)
+        step = script[len(calls) - 1] if len(calls) <= len(script) else []
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    spark = SimpleNamespace(
+        sparkContext=SimpleNamespace(setLocalProperty=lambda key, value: None),
+        catalog=SimpleNamespace(databaseExists=lambda name: False),
+    )
+    config = SimpleNamespace(catalog=SimpleNamespace(name="lakehouse"))
+    return PeriodicMaintenance(spark, config, 0.05, StopRequest(), maintain), calls
+
+
+def test_maintenance_runs_every_interval_reports_files_and_survives_a_failing_run():
+    compacted = TableReport(
+        "ods_behavior.clickevent", TableStats(120, 9_000, 60, 0), TableStats(4, 8_000, 5, 0)
+    )
+    failed = TableReport("dim_db.products", TableStats(0, 0, 0, 0), error="CommitFailedException: boom")
+    maintenance, calls = _maintenance([RuntimeError("catalog locked"), [compacted, failed]])
+    maintenance.start()
+    deadline = time.monotonic() + 10
+    while maintenance.status.runs < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    maintenance.stop.set()
+    maintenance.thread.join(5)
+    status = maintenance.status
+    assert not maintenance.thread.is_alive() and status.state == "stopped"
+    assert status.runs >= 3  # the failing first run did not end the schedule
+    assert all(settings.skip_orphans for settings in calls)  # orphan removal lists the whole warehouse
+    # What one run reports: files and snapshots before -> after per table, one line per failed table.
+    maintenance2, _ = _maintenance([[compacted, failed], [compacted]])
+    maintenance2.run_once()
+    assert maintenance2.status.tables == {
+        "ods_behavior.clickevent": {"data_files": [120, 4], "snapshots": [60, 5]}
+    }
+    assert maintenance2.status.errors == ["dim_db.products: CommitFailedException: boom"]
+    assert maintenance2.status.data_files_removed == {"ods_behavior.clickevent": 116}
+    maintenance2.run_once()  # another run that removed files: they add up
+    assert maintenance2.status.data_files_removed == {"ods_behavior.clickevent": 232}
+    maintenance3, _ = _maintenance([RuntimeError("catalog locked")])
+    maintenance3.run_once()
+    assert maintenance3.status.errors == ["RuntimeError: catalog locked"] and maintenance3.status.runs == 1
+
+
+def test_the_application_stops_its_maintenance_with_the_jobs_and_reports_it(tmp_path):
+    maintenance, _ = _maintenance([])
+    spark = maintenance.spark
+    options = StreamingOptions(
+        jobs=("views",), mode=RunMode(0.05, True, 0.3), status_file=tmp_path / "status.json"
+    )
+    factory = lambda _stop: ScriptedJob(0, [], None)  # noqa: E731
+    assert StreamingApplication(spark, options, {"views": factory}, maintenance=maintenance).run() == 0
+    assert not maintenance.thread.is_alive()
+    written = json.loads((tmp_path / "status.json").read_text())
+    assert written["maintenance"]["state"] == "stopped"
+    assert written["maintenance"]["every_seconds"] == 0.05

@@ -147,11 +147,19 @@ def maintain_table(spark, config: LakehouseConfig, table: str, settings: Maintai
 
 
 def maintain_tables(
-    spark, config: LakehouseConfig, tables: Sequence[str], settings: MaintainSettings
+    spark,
+    config: LakehouseConfig,
+    tables: Sequence[str],
+    settings: MaintainSettings,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> list[TableReport]:
-    """Maintain each table; a failing table is reported and the others still run."""
+    """Maintain each table; a failing table is reported and the others still run. `should_stop` is
+    asked before each table (a table's steps are never interrupted)."""
     reports = []
     for index, table in enumerate(tables, 1):
+        if should_stop():
+            log.info("stopping before %s (%d of %d tables maintained)", table, index - 1, len(tables))
+            break
         log.info("[%d/%d] %s", index, len(tables), table)
         try:
             reports.append(maintain_table(spark, config, table, settings))

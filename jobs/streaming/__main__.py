@@ -23,6 +23,7 @@ from jobs.streaming.application import (
     default_factories,
     job_spark_conf,
 )
+from jobs.streaming.maintenance import PeriodicMaintenance
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -44,11 +45,20 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="a job failing more often than this within an hour stops the application (default 5)",
     )
     parser.add_argument("--status-file", type=Path, help="write the jobs' state here as JSON every second")
+    parser.add_argument(
+        "--maintain-every-minutes",
+        type=float,
+        metavar="M",
+        help="run table maintenance (compaction, snapshot expiry) beside the jobs every M minutes; 0: never "
+        "(default from the environment: local 15, AWS 0, where the hourly maintain step runs it)",
+    )
     args = parser.parse_args(list(argv))
     jobs = tuple(j.strip() for j in args.jobs.split(",") if j.strip())
     unknown = sorted(set(jobs) - set(JOB_NAMES))
     if unknown or not jobs:
         parser.error(f"--jobs {args.jobs!r}: choose from {', '.join(JOB_NAMES)}")
+    if args.maintain_every_minutes is not None and args.maintain_every_minutes < 0:
+        parser.error("--maintain-every-minutes must be >= 0")
     args.jobs = tuple(j for j in JOB_NAMES if j in jobs)  # upstream first
     return args
 
@@ -72,9 +82,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = StopRequest().install()
     spark = build_spark(config, "streaming", job_spark_conf())
     metrics = metrics_sink_for(config)
+    minutes = (
+        config.streaming_maintenance_minutes
+        if args.maintain_every_minutes is None
+        else args.maintain_every_minutes
+    )
+    # A run --until-idle ends when the sources are drained: no time for maintenance.
+    maintenance = (
+        PeriodicMaintenance(spark, config, minutes * 60, StopRequest())
+        if minutes > 0 and not options.mode.until_idle
+        else None
+    )
     try:
         factories = default_factories(spark, config, options.mode, metrics)
-        return StreamingApplication(spark, options, factories, stop).run()
+        return StreamingApplication(spark, options, factories, stop, maintenance).run()
     finally:
         metrics.close()
         stop_spark(spark)

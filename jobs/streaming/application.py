@@ -16,6 +16,8 @@ supervises them:
   after CDC finished, views once idle after the ingest finished (so views count every click).
 * `--status-file`: the jobs' state (batches, records, last commit, lag, failures) as JSON, rewritten
   every second; `lakehouse demo` shows it live.
+* Where nothing else schedules table maintenance (the local stack), `maintenance.py` runs it every
+  `--maintain-every-minutes` beside the jobs; it stops with them.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from jobs.common.snapshot_progress import CONCURRENT_WRITER_EXIT, ConcurrentWrit
 from jobs.common.streaming_job import NeedsOperator, StreamingJob
 from jobs.config import ConfigError, LakehouseConfig
 from jobs.registry import JOBS, Kind, names
+from jobs.streaming.maintenance import PeriodicMaintenance
 
 log = logging.getLogger("streaming")
 
@@ -226,23 +229,33 @@ class StreamingApplication:
         options: StreamingOptions,
         factories: dict[str, JobFactory],
         stop: StopRequest | None = None,
+        maintenance: PeriodicMaintenance | None = None,
     ) -> None:
         self.spark = spark
         self.options = options
         self.stop = stop or StopRequest()
         self.runners = {name: _JobRunner(self, name, factories[name]) for name in options.jobs}
+        self.maintenance = maintenance
 
     def run(self) -> int:
         """Run until every job finished (or stop); returns the exit code."""
         log.info("streaming: starting %s", ", ".join(self.runners))
         for runner in self.runners.values():
             runner.thread.start()
+        if self.maintenance is not None:
+            log.info("table maintenance every %.0f s", self.maintenance.status.every_seconds)
+            self.maintenance.start()
         while any(r.thread.is_alive() for r in self.runners.values()):
             if self.stop.requested:
                 for runner in self.runners.values():
                     runner.stop.set()
             self._write_status()
             time.sleep(1.0)
+        if self.maintenance is not None:
+            self.maintenance.stop.set()
+            if self.maintenance.status.state == "running":
+                log.info("waiting for table maintenance to finish the table it is on")
+            self.maintenance.thread.join()
         self._write_status()
         failures = [r.failure for r in self.runners.values() if r.failure is not None]
         for failure in failures:
@@ -259,7 +272,10 @@ class StreamingApplication:
         if path is None:
             return
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"at": time.time(), "jobs": [asdict(s) for s in self.statuses()]}))
+        status = {"at": time.time(), "jobs": [asdict(s) for s in self.statuses()]}
+        if self.maintenance is not None:
+            status["maintenance"] = asdict(self.maintenance.status)
+        tmp.write_text(json.dumps(status))
         os.replace(tmp, path)
 
 
