@@ -6,7 +6,7 @@ records, and the lake catches up before the next window. Per window: click -> vi
 counted in product_views p50/p95 (snapshot metadata against the producer's own clock) and the
 batch objects the broker stores, and the click table's data files and snapshots.
 BENCH_SOAK_RETENTION=0 runs it without the topic retention. The streaming application maintains
-the tables itself as on any local stack (every 15 minutes; BENCH_SOAK_MAINTAIN_MINUTES=M changes
+the tables itself as on any local stack (every 5 minutes; BENCH_SOAK_MAINTAIN_MINUTES=M changes
 it, 0 turns it off). BENCH_SOAK_MAINTAIN_EVERY=N instead runs `maintain` as a process of its own
 after every N records (the in-application maintenance then off), as the hourly EMR step does on AWS.
 """

@@ -27,9 +27,10 @@ SQLITE_BUSY_TIMEOUT_MS = 60_000
 
 EnvName = Literal["local", "dev", "prod"]
 ENVIRONMENTS: tuple[str, ...] = ("local", "dev", "prod")
-# At 200 clicks/s that is ~180k records between runs; `bench soak` measured views p95 at 4.5-7.8 s
-# with maintenance every 200k records, and growing from 6 to 12 s over 700k without.
-LOCAL_STREAMING_MAINTENANCE_MINUTES = 15.0
+# Files and snapshots accrue per commit (about one a second while clicks flow), not per record: in
+# `bench soak` views p95 grew with the click table's files (8.5 s at ~700 files), and one run after
+# 15 minutes (~1,000 files) took long enough to push views p95 to 17 s in its window.
+LOCAL_STREAMING_MAINTENANCE_MINUTES = 5.0
 
 
 class ConfigError(RuntimeError):

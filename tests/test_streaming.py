@@ -215,7 +215,7 @@ def compacted_clicks(stack: Stack) -> bool:
 
 
 def test_mariadb_down_leaves_ingest_and_views_committing_and_cdc_catches_up(stack):
-    """... with table maintenance running beside the jobs (as locally every 15 min): it compacts the
+    """... with table maintenance running beside the jobs (as locally every 5 min): it compacts the
     click table while they commit, and nothing is lost or doubled."""
     stack.status_file.unlink(missing_ok=True)  # an earlier run's "running" must not count
     app = stack.start_streaming("--maintain-every-minutes", "0.2")

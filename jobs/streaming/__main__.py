@@ -50,7 +50,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         type=float,
         metavar="M",
         help="run table maintenance (compaction, snapshot expiry) beside the jobs every M minutes; 0: never "
-        "(default from the environment: local 15, AWS 0, where the hourly maintain step runs it)",
+        "(default from the environment: local 5, AWS 0, where the hourly maintain step runs it)",
     )
     args = parser.parse_args(list(argv))
     jobs = tuple(j.strip() for j in args.jobs.split(",") if j.strip())

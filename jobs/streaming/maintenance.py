@@ -25,7 +25,9 @@ from jobs.maintain.job import MaintainSettings, TableReport, lake_tables, mainta
 log = logging.getLogger("streaming.maintenance")
 
 POOL = "maintain"
-IN_APP_SETTINGS = MaintainSettings(skip_orphans=True)
+# Snapshots accrue about one a second per streaming table: keep 5 minutes of time travel locally
+# (the hourly step on AWS keeps an hour), so each table's metadata stays small for every reader.
+IN_APP_SETTINGS = MaintainSettings(retain_hours=5 / 60, skip_orphans=True)
 
 
 @dataclass
