@@ -52,3 +52,27 @@ INSERT_PRODUCT = (
 INSERT_USER_MEMBER = (
     "INSERT IGNORE INTO user_member (userid, name, show_params, memberLevel) VALUES (%s, %s, %s, %s)"
 )
+
+# ---- the CDC user: the same privileges on RDS and on the local stack ----------------------------------
+
+# CDC's snapshot writes one row here as an ordering barrier (jobs/cdc/snapshot.py): the only write
+# it makes on the source. A schema of its own, which CDC never syncs. Same name as
+# jobs.cdc.source_db.SNAPSHOT_BARRIER (a test keeps them equal; this file imports nothing).
+CDC_BARRIER_DATABASE = "lakehouse_meta"
+CDC_BARRIER_TABLE = "cdc_snapshot_barrier"
+CDC_BARRIER_DDL = (
+    f"CREATE TABLE IF NOT EXISTS `{CDC_BARRIER_DATABASE}`.`{CDC_BARRIER_TABLE}` "
+    "(id TINYINT PRIMARY KEY, written_at TIMESTAMP(6) NOT NULL)"
+)
+
+
+def cdc_grants(database: str) -> tuple[tuple[str, str], ...]:
+    """(privileges, on what) for the CDC user: what RDS lets a user be given, and no more: read the
+    binlog, SELECT the source database, write the barrier row. No RELOAD, LOCK TABLES or SUPER: the
+    snapshot takes no lock."""
+    quoted = "`" + database.replace("`", "``") + "`"
+    return (
+        ("REPLICATION SLAVE, REPLICATION CLIENT", "*.*"),
+        ("SELECT", f"{quoted}.*"),
+        ("SELECT, INSERT, UPDATE", f"`{CDC_BARRIER_DATABASE}`.`{CDC_BARRIER_TABLE}`"),
+    )

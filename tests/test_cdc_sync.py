@@ -23,6 +23,7 @@ from support import LAKEHOUSE_BIN
 from jobs.cdc import source_db
 from jobs.cdc.binlog_reader import BinlogPosition
 from jobs.cdc.sync import DEFAULT_TABLES, CdcSync, TableSpec
+from jobs.config import ConfigError
 from lakehouse.local.mariadb import SEED
 
 pytestmark = pytest.mark.stack
@@ -180,9 +181,18 @@ def make_sync(spark, lake_config):
     """CdcSync factory; every reader gets its own replication server id and is closed after."""
     made: list[CdcSync] = []
 
-    def factory(*pairs: str, resync: tuple[str, ...] = (), progress_seconds: float | None = None) -> CdcSync:
+    def factory(
+        *pairs: str,
+        resync: tuple[str, ...] = (),
+        progress_seconds: float | None = None,
+        chunk_rows: int = 10_000,
+        commit_rows: int = 200_000,
+    ) -> CdcSync:
         specs = [TableSpec.parse(p, lake_config) for p in pairs]
-        sync = CdcSync(spark, lake_config, specs, resync=resync, server_id=next(_server_ids))
+        sync = CdcSync(
+            spark, lake_config, specs, resync=resync, server_id=next(_server_ids),
+            snapshot_chunk_rows=chunk_rows, snapshot_commit_rows=commit_rows,
+        )  # fmt: skip
         if progress_seconds is not None:
             sync.progress_seconds = progress_seconds
         made.append(sync)
@@ -394,6 +404,9 @@ def test_randomized_workload_converges(spark, app_conn, make_sync) -> None:
 def test_rows_changed_during_initial_snapshot_converge(
     spark, app_conn, local_stack, secrets, make_sync, monkeypatch
 ) -> None:
+    """The snapshot under concurrent writes, with the CDC user's RDS privileges (no lock possible):
+    20 chunks, writes committed between them and a writer that never stops; the lake then equals
+    the source as a multiset."""
     from jobs.cdc import snapshot
     from lakehouse.local.mariadb import APP_USER
 
@@ -405,21 +418,22 @@ def test_rows_changed_during_initial_snapshot_converge(
         )
     app_conn.commit()
     stop = threading.Event()
-    real_read_rows = snapshot.source_db.read_rows
+    real_read_chunk = snapshot.source_db.read_chunk
     inside: list[int] = []  # statements committed while the snapshot was half read
+    chunks_read: list[tuple | None] = []
 
-    def read_rows_with_writes_inside(*args, **kwargs):
-        # Half-way through the read, another connection changes rows and commits: the snapshot
-        # cannot see them (its read view is older), so only the binlog can bring them. Done here,
-        # at a known point, because a writer thread's timing against the read is luck (the GIL).
-        for n, row in enumerate(real_read_rows(*args, **kwargs)):
-            if n == 10_000:
-                conn = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
-                try:
-                    inside.append(random_workload(conn, "cdc_test_snapshot", 40, seed=11, keys=20_000))
-                finally:
-                    conn.close()
-            yield row
+    def read_chunk_with_writes_between(conn, table, after, rows):
+        # Before the 6th and the 11th chunk, another connection changes rows on both sides of the
+        # chunks read so far and commits: done here, at known points, because a writer thread's
+        # timing against the reads is luck (the GIL).
+        chunks_read.append(after)
+        if len(chunks_read) in (6, 11):
+            writer = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
+            try:
+                inside.append(random_workload(writer, "cdc_test_snapshot", 40, seed=11, keys=20_000))
+            finally:
+                writer.close()
+        return real_read_chunk(conn, table, after, rows)
 
     def churn() -> None:  # and a writer that keeps going before, during and after the snapshot
         conn = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
@@ -429,17 +443,120 @@ def test_rows_changed_during_initial_snapshot_converge(
         finally:
             conn.close()
 
-    monkeypatch.setattr(snapshot.source_db, "read_rows", read_rows_with_writes_inside)
+    monkeypatch.setattr(snapshot.source_db, "read_chunk", read_chunk_with_writes_between)
     writer = threading.Thread(target=churn)
     writer.start()
     try:
-        sync = make_sync(pair)  # the snapshot is read while the writers change rows
+        sync = make_sync(pair, chunk_rows=1_000, commit_rows=5_000)  # read while the writers write
     finally:
         stop.set()
         writer.join()
-    assert inside and inside[0] >= 40, "no write committed while the snapshot read"
+    assert len(inside) == 2 and min(inside) >= 40, "no write committed between the snapshot's chunks"
+    assert not spark.catalog.tableExists(snapshot.staging_table("lakehouse.dim_db.cdc_test_snapshot"))
     catch_up(sync)
     assert assert_converged(spark, app_conn, "cdc_test_snapshot") > 15_000
+
+
+def test_snapshot_reads_after_its_barrier_and_takes_no_lock(spark, app_conn, make_sync, monkeypatch) -> None:
+    """The order the proof rests on: the position, then the barrier's commit, then the reads; and
+    nothing on the source that RDS would refuse the CDC user (a lock, FLUSH, a long transaction)."""
+    from jobs.cdc import snapshot
+
+    name = "cdc_test_barrier"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 2_500)
+    calls: list[str] = []
+    for function in ("master_position", "write_barrier", "read_chunk"):
+        real = getattr(snapshot.source_db, function)
+
+        def spy(*args, _real=real, _name=function, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(snapshot.source_db, function, spy)
+    statements: list[str] = []
+    real_cursor = pymysql.cursors.Cursor.execute
+
+    def recording_execute(self, query, args=None):
+        statements.append(" ".join(str(query).split()).upper())
+        return real_cursor(self, query, args)
+
+    monkeypatch.setattr(pymysql.cursors.Cursor, "execute", recording_execute)
+    make_sync(pair, chunk_rows=1_000)
+    monkeypatch.undo()
+    assert calls[:2] == ["master_position", "write_barrier"], calls
+    assert calls[2:] == ["read_chunk"] * 3, calls  # 1000 + 1000 + 500 rows
+    forbidden = ("LOCK", "FLUSH", "START TRANSACTION", "BEGIN", "SET SESSION TRANSACTION")
+    assert not [s for s in statements if s.startswith(forbidden)], statements
+    assert assert_converged(spark, app_conn, name) == 2_500
+
+
+def test_snapshot_without_its_barrier_row_says_what_to_grant(spark, app_conn, make_sync, monkeypatch) -> None:
+    from jobs.cdc import snapshot
+
+    name = "cdc_test_no_barrier"
+    pair = fresh_test_table(spark, app_conn, name)
+    monkeypatch.setattr(snapshot.source_db, "SNAPSHOT_BARRIER", "lakehouse_meta.no_such_barrier")
+    with pytest.raises(ConfigError, match=r"GRANT SELECT, INSERT, UPDATE ON lakehouse_meta.no_such_barrier"):
+        make_sync(pair)
+    assert not spark.catalog.tableExists(f"lakehouse.dim_db.{name}")
+
+
+def test_kill_9_mid_snapshot_resumes_after_the_last_chunk_committed(
+    spark, app_conn, local_stack, secrets, make_sync, monkeypatch
+) -> None:
+    from jobs.cdc import snapshot
+    from lakehouse.local.mariadb import APP_USER
+
+    name = "cdc_test_snapshot_kill"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 12_000)
+    stop = threading.Event()
+
+    def churn() -> None:  # changes on every side of the chunks, before, during and after the kill
+        conn = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
+        try:
+            while not stop.is_set():
+                random_workload(conn, name, 30, seed=int(time.time() * 1000), keys=12_000)
+                time.sleep(0.02)
+        finally:
+            conn.close()
+
+    writer = threading.Thread(target=churn)
+    writer.start()
+    try:
+        job = subprocess.run(
+            [LAKEHOUSE_BIN, "run", "cdc", "--until-idle", "--table", pair, "--server-id", "5098",
+             "--snapshot-chunk-rows", "1000", "--snapshot-commit-rows", "2000"],
+            env={**os.environ, "LAKEHOUSE_CRASH_AT": "cdc.snapshot-commit:3"},
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert job.returncode == -signal.SIGKILL, job.stderr[-3000:]
+        staging = snapshot.staging_table(f"lakehouse.dim_db.{name}")
+        stored = snapshot.SnapshotProgress.from_json(
+            snapshot.read_progress(spark, staging, snapshot.PROGRESS_KEY)
+        )
+        assert (stored.rows, stored.chunks) == (6_000, 6)
+        assert not spark.catalog.tableExists(f"lakehouse.dim_db.{name}")  # nothing published yet
+        starts: list = []
+        real_read_chunk = snapshot.source_db.read_chunk
+
+        def recording(conn, table, after, rows):
+            starts.append(after)
+            return real_read_chunk(conn, table, after, rows)
+
+        monkeypatch.setattr(snapshot.source_db, "read_chunk", recording)
+        sync = make_sync(pair, chunk_rows=1_000, commit_rows=2_000)
+    finally:
+        stop.set()
+        writer.join()
+    # Resumed after the last committed key, with the position stored before the kill.
+    assert starts[0] == stored.after
+    assert len(starts) <= 8  # about 6,000 rows left (plus what the writer inserted), not 12,000
+    assert stored_position(spark, f"lakehouse.dim_db.{name}") == stored.position
+    assert not spark.catalog.tableExists(staging)
+    catch_up(sync)
+    assert_converged(spark, app_conn, name)
 
 
 def test_kill_9_mid_stream_then_restart_converges(spark, app_conn, local_stack, secrets, make_sync) -> None:
@@ -501,31 +618,62 @@ def test_kill_9_mid_stream_then_restart_converges(spark, app_conn, local_stack, 
 # ---- schema evolution and DDL -------------------------------------------------------------------
 
 
-def test_add_column_evolves_and_other_ddl_stops_with_the_fix(spark, app_conn, make_sync) -> None:
+def lake_schema(spark, name: str) -> dict[str, str]:
+    return {f.name: f.dataType.simpleString() for f in spark.table(f"lakehouse.dim_db.{name}").schema}
+
+
+def test_column_changes_are_followed_under_evolve(spark, app_conn, make_sync) -> None:
+    """ADD (any position), DROP (the lake keeps the column and its values), RENAME (history kept),
+    and widening type changes Iceberg promotes, each between row changes; the lake then equals the
+    source on the source's columns, and the dropped column still holds what it held."""
     name = "cdc_test_ddl"
     pair = fresh_test_table(spark, app_conn, name)
     sync = make_sync(pair)
     with app_conn.cursor() as cur:
-        cur.execute(f"INSERT INTO {name} (id, name, qty) VALUES ('a', 'before', 1)")
+        cur.execute(f"INSERT INTO {name} (id, name, qty, note) VALUES ('a', 'before', 1, 'kept a')")
+        cur.execute(f"INSERT INTO {name} (id, name, qty, note) VALUES ('z', 'untouched', 9, 'kept z')")
         cur.execute(f"ALTER TABLE {name} ADD COLUMN stock DECIMAL(12,3) NULL AFTER name")
         cur.execute(f"INSERT INTO {name} (id, name, qty, stock) VALUES ('b', 'after', 2, 7.125)")
         cur.execute(f"UPDATE {name} SET stock = 1.5 WHERE id = 'a'")
+        cur.execute(f"ALTER TABLE {name} DROP COLUMN note")
+        cur.execute(f"INSERT INTO {name} (id, name, qty) VALUES ('c', 'after drop', 3)")
+        cur.execute(f"ALTER TABLE {name} RENAME COLUMN name TO title")
+        cur.execute(f"UPDATE {name} SET title = 'renamed' WHERE id = 'b'")
+        cur.execute(f"ALTER TABLE {name} MODIFY qty BIGINT, CHANGE price price DECIMAL(14,4)")
+        cur.execute(
+            f"INSERT INTO {name} (id, title, qty, price) VALUES ('d', 'wide', 9000000000, 1234567890.5)"
+        )
     app_conn.commit()
     catch_up(sync)
-    schema = {f.name: f.dataType.simpleString() for f in spark.table(f"lakehouse.dim_db.{name}").schema}
-    assert schema["stock"] == "decimal(12,3)"
-    assert assert_converged(spark, app_conn, name, [*COLUMNS, "stock"]) == 2
     assert not sync.errors
+    schema = lake_schema(spark, name)
+    assert (schema["stock"], schema["qty"], schema["price"]) == ("decimal(12,3)", "bigint", "decimal(14,4)")
+    assert "title" in schema and "name" not in schema and "note" in schema
+    source_columns = ["id", "title", "stock", "qty", "price", "updated"]
+    assert assert_converged(spark, app_conn, name, source_columns) == 5
+    notes = {r.id: r.note for r in spark.table(f"lakehouse.dim_db.{name}").collect()}
+    # Never changed since the drop: its value stays; written after it: NULL.
+    assert notes["z"] == "kept z" and notes["c"] is None and notes["d"] is None
+    titles = {r.id: r.title for r in spark.table(f"lakehouse.dim_db.{name}").collect()}
+    assert titles["z"] == "untouched"  # written under the old name, read under the new one
 
-    statement = f"ALTER TABLE {name} DROP COLUMN note"
+
+def test_a_type_change_iceberg_cannot_follow_stops_that_table_with_the_fix(
+    spark, app_conn, make_sync
+) -> None:
+    name = "cdc_test_ddl_narrow"
+    pair = fresh_test_table(spark, app_conn, name)
+    sync = make_sync(pair)
+    statement = f"ALTER TABLE {name} MODIFY price DECIMAL(10,2)"  # the scale changes: values rounded
     with app_conn.cursor() as cur:
+        cur.execute(f"INSERT INTO {name} (id, name, price) VALUES ('a', 'x', 1.2345)")
         cur.execute(statement)
-        cur.execute(f"INSERT INTO {name} (id, name, qty) VALUES ('c', 'lost', 3)")
+        cur.execute(f"INSERT INTO {name} (id, name, price) VALUES ('c', 'not applied', 3)")
     app_conn.commit()
     catch_up(sync)
     assert len(sync.errors) == 1
     error = sync.errors[0]
-    assert statement in error and f"lakehouse run cdc --resync user_db.{name}" in error
+    assert statement in error and "cannot promote" in error and f"--resync user_db.{name}" in error
     assert spark.sql(f"SELECT * FROM lakehouse.dim_db.{name} WHERE id = 'c'").count() == 0
 
     # A restart stops at the same statement; --resync re-snapshots the table with its new shape.
@@ -536,9 +684,77 @@ def test_add_column_evolves_and_other_ddl_stops_with_the_fix(spark, app_conn, ma
     resynced = make_sync(pair, resync=(f"user_db.{name}",))
     catch_up(resynced)
     assert not resynced.errors
-    columns = ["id", "name", "stock", "qty", "price", "updated"]
-    assert "note" not in spark.table(f"lakehouse.dim_db.{name}").columns
-    assert assert_converged(spark, app_conn, name, columns) == 3
+    assert lake_schema(spark, name)["price"] == "decimal(10,2)"
+    assert assert_converged(spark, app_conn, name) == 2
+
+
+def test_a_type_change_that_rewrites_values_resnapshots(spark, app_conn, make_sync) -> None:
+    """VARCHAR(64) -> VARCHAR(3) keeps the Iceberg type (string) but MySQL cut the values without a
+    row event: the table is read again."""
+    name = "cdc_test_ddl_rewrite"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 20)
+    sync = make_sync(pair)
+    with app_conn.cursor() as cur:
+        cur.execute("SET SESSION sql_mode = ''")  # MySQL truncates instead of refusing
+        cur.execute(f"ALTER TABLE {name} MODIFY name VARCHAR(3) NOT NULL")
+    app_conn.commit()
+    catch_up(sync)
+    assert not sync.errors
+    assert {r.name for r in spark.table(f"lakehouse.dim_db.{name}").collect()} == {
+        r[0] for r in mysql_rows(app_conn, f"user_db.{name}", ["name"])
+    }
+    assert assert_converged(spark, app_conn, name) == 20
+
+
+@pytest.mark.parametrize("policy", ["strict", "ignore"])
+def test_schema_change_policies_strict_and_ignore(spark, app_conn, lake_config, policy) -> None:
+    name = f"cdc_test_ddl_{policy}"
+    pair = fresh_test_table(spark, app_conn, name)
+    sync = CdcSync(
+        spark,
+        lake_config,
+        [TableSpec.parse(pair, lake_config)],
+        server_id=next(_server_ids),
+        schema_changes=policy,
+    ).start()
+    try:
+        statement = f"ALTER TABLE {name} ADD COLUMN stock INT, RENAME COLUMN note TO remark"
+        with app_conn.cursor() as cur:
+            cur.execute(f"INSERT INTO {name} (id, name, note) VALUES ('a', 'x', 'n')")
+            cur.execute(statement)
+            cur.execute(f"INSERT INTO {name} (id, name, stock, remark) VALUES ('b', 'y', 5, 'r')")
+        app_conn.commit()
+        catch_up(sync)
+        schema = lake_schema(spark, name)
+        assert "stock" not in schema and "remark" not in schema and "note" in schema
+        if policy == "strict":
+            assert len(sync.errors) == 1 and statement in sync.errors[0] and "strict" in sync.errors[0]
+            assert spark.sql(f"SELECT * FROM lakehouse.dim_db.{name} WHERE id = 'b'").count() == 0
+        else:
+            assert not sync.errors
+            rows = {r.id: r.note for r in spark.table(f"lakehouse.dim_db.{name}").collect()}
+            assert rows == {"a": "n", "b": None}  # the renamed column is not synced
+    finally:
+        sync.close()
+
+
+def test_truncate_empties_and_drop_table_stops_keeping_the_lake(spark, app_conn, make_sync) -> None:
+    truncated, dropped = "cdc_test_truncate", "cdc_test_drop"
+    pairs = [fresh_test_table(spark, app_conn, n) for n in (truncated, dropped)]
+    seed_rows(app_conn, truncated, 10)
+    seed_rows(app_conn, dropped, 10)
+    sync = make_sync(*pairs)
+    with app_conn.cursor() as cur:
+        cur.execute(f"UPDATE {truncated} SET qty = 1")
+        cur.execute(f"TRUNCATE TABLE {truncated}")
+        cur.execute(f"INSERT INTO {truncated} (id, name) VALUES ('after', 'truncate')")
+        cur.execute(f"DROP TABLE {dropped}")
+    app_conn.commit()
+    catch_up(sync)
+    assert assert_converged(spark, app_conn, truncated) == 1
+    assert len(sync.errors) == 1 and "the source table was dropped" in sync.errors[0]
+    assert spark.table(f"lakehouse.dim_db.{dropped}").count() == 10  # the lake keeps what it had
 
 
 def test_purged_binlog_position_gives_the_fix(spark, app_conn, make_sync) -> None:
@@ -736,11 +952,12 @@ def test_write_between_snapshot_position_and_read_is_not_lost(
     name = "cdc_test_snapshot_gap"
     pair = fresh_test_table(spark, app_conn, name)
     seed_rows(app_conn, name, 100)
-    real_read_rows = snapshot.source_db.read_rows
+    real_barrier = snapshot.source_db.write_barrier
     writes: list[str] = []
 
-    def read_after_a_write(conn, table, *args, **kwargs):
-        writes.append(table.name)
+    def write_before_the_barrier(conn):
+        # Committed after the snapshot's position was read, before its barrier and its reads.
+        writes.append(name)
         writer = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
         try:
             with writer.cursor() as cur:
@@ -750,11 +967,11 @@ def test_write_between_snapshot_position_and_read_is_not_lost(
             writer.commit()
         finally:
             writer.close()
-        return real_read_rows(conn, table, *args, **kwargs)
+        return real_barrier(conn)
 
-    monkeypatch.setattr(snapshot.source_db, "read_rows", read_after_a_write)
+    monkeypatch.setattr(snapshot.source_db, "write_barrier", write_before_the_barrier)
     sync = make_sync(pair)
-    monkeypatch.setattr(snapshot.source_db, "read_rows", real_read_rows)
+    monkeypatch.setattr(snapshot.source_db, "write_barrier", real_barrier)
     assert writes == [name], "the writes between the snapshot's position and its read never ran"
     catch_up(sync)
     # 100 seeded - 1 deleted + 2 inserted: the count and the rows differ if the writes were lost.

@@ -64,17 +64,37 @@ def test_add_column_is_classified_as_followed() -> None:
     assert [(c.name, c.spark_type) for c in ddl.added_columns] == [("stock", "int"), ("note", "string")]
 
 
+def test_column_changes_are_classified() -> None:
+    ddl = classify(
+        "ALTER TABLE products DROP COLUMN description, RENAME COLUMN name TO title, "
+        "CHANGE product_price price DECIMAL(12,4) NOT NULL, MODIFY COLUMN stock BIGINT UNSIGNED, "
+        "ADD COLUMN x INT FIRST"
+    )
+    assert ddl is not None and not ddl.unsupported
+    assert [(c.kind, c.name, c.new_name) for c in ddl.column_changes] == [
+        ("drop", "description", None),
+        ("rename", "name", "title"),
+        ("rename", "product_price", "price"),
+        ("retype", "price", None),
+        ("retype", "stock", None),
+        ("add", "x", None),
+    ]
+    retyped = [c.column for c in ddl.column_changes if c.kind == "retype"]
+    assert [(c.column_type, c.nullable) for c in retyped] == [
+        ("DECIMAL(12,4)", False),
+        ("BIGINT UNSIGNED", True),
+    ]
+    assert classify("TRUNCATE TABLE products").truncate
+
+
 @pytest.mark.parametrize(
     "statement",
     [
-        "ALTER TABLE products DROP COLUMN description",
-        "ALTER TABLE products CHANGE name title VARCHAR(255)",
-        "ALTER TABLE products MODIFY product_price DECIMAL(12,2)",
         "ALTER TABLE products RENAME TO products_old",
-        "ALTER TABLE products ADD COLUMN x INT, DROP COLUMN name",
+        "ALTER TABLE products DROP PRIMARY KEY",
+        "ALTER TABLE products ADD COLUMN (a INT, b INT)",
         "RENAME TABLE products TO p2",
         "DROP TABLE IF EXISTS products",
-        "TRUNCATE TABLE products",
     ],
 )
 def test_other_ddl_is_unsupported(statement: str) -> None:
@@ -454,3 +474,131 @@ def test_json_opaque_temporals_and_char_bytes() -> None:
     # CHAR in a charset Python cannot decode stays bytes, unpadded: only BINARY(n) is padded.
     char = _column("c", FIELD_TYPE.STRING, max_length=8, charset="swe7")
     assert selected_row({"values": {"c": b"ab"}, "none_sources": {}}, [char])["values"]["c"] == b"ab"
+
+
+class _VariablesConnection:
+    """A connection whose SHOW GLOBAL VARIABLES answers with `values` (a MySQL or MariaDB server)."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def cursor(self):
+        values = self.values
+
+        class Cursor:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def execute(self, sql, args=None):
+                pass
+
+            def fetchall(self):
+                return list(values.items())
+
+        return Cursor()
+
+
+MYSQL_OK = {
+    "log_bin": "ON",
+    "binlog_format": "ROW",
+    "binlog_row_image": "FULL",
+    "binlog_row_metadata": "FULL",
+    "binlog_transaction_compression": "OFF",
+    "binlog_order_commits": "ON",
+}
+
+
+def test_mysql_needs_commits_visible_in_binlog_order_for_the_snapshot_barrier() -> None:
+    from jobs.cdc.source_db import binlog_setting_problems
+
+    assert binlog_setting_problems(_VariablesConnection(MYSQL_OK)) == []
+    unordered = {**MYSQL_OK, "binlog_order_commits": "OFF"}
+    assert binlog_setting_problems(_VariablesConnection(unordered)) == ["binlog_order_commits=OFF (needs ON)"]
+    # MariaDB has no such variable: it always commits in binlog order.
+    mariadb = {
+        k: v
+        for k, v in MYSQL_OK.items()
+        if k not in ("binlog_order_commits", "binlog_transaction_compression")
+    }
+    assert binlog_setting_problems(_VariablesConnection({**mariadb, "log_bin_compress": "OFF"})) == []
+
+
+def test_snapshot_progress_keys_round_trip_as_mysql_compares_them() -> None:
+    from jobs.cdc.snapshot import SnapshotProgress
+
+    position = BinlogPosition("mysql-bin.000003", 4711, "0-1-42")
+    after = (7, "k00010", Decimal("1.2500"), dt.datetime(2026, 1, 2, 3, 4, 5), b"\x00\xff")
+    progress = SnapshotProgress(position, after, 20_000, 20)
+    back = SnapshotProgress.from_json(progress.to_json())
+    assert back.position == position and (back.rows, back.chunks) == (20_000, 20)
+    # Numbers and text as they were; decimals and datetimes as the text MySQL converts; bytes as bytes.
+    assert back.after == (7, "k00010", "1.2500", "2026-01-02 03:04:05", b"\x00\xff")
+    assert SnapshotProgress.from_json(SnapshotProgress(position, None, 0, 0).to_json()).after is None
+
+
+# ---- schema change policies (jobs/cdc/schema_policy.py) ----------------------------------------------
+
+
+def _col(name: str, kind: str, nullable: bool = True):
+    from jobs.cdc.schema_mapping import SourceColumn
+
+    return SourceColumn(name, kind, nullable)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "preserved"),
+    [
+        ("int", "bigint", True),
+        ("tinyint", "int", True),
+        ("int unsigned", "bigint", True),
+        ("int unsigned", "int", False),
+        ("bigint", "int", False),
+        ("float", "double", True),
+        ("decimal(10,4)", "decimal(14,4)", True),
+        ("decimal(10,4)", "decimal(10,2)", False),
+        ("varchar(10)", "varchar(50)", True),
+        ("varchar(50)", "varchar(3)", False),
+        ("varchar(50)", "text", True),
+        ("text", "varchar(50)", False),
+        ("datetime", "timestamp", False),
+    ],
+)
+def test_which_type_changes_keep_every_value(old: str, new: str, preserved: bool) -> None:
+    from jobs.cdc.schema_policy import preserves_values
+
+    assert preserves_values(_col("c", old), _col("c", new)) is preserved
+
+
+def test_tightening_to_not_null_rewrites_values() -> None:
+    from jobs.cdc.schema_policy import preserves_values
+
+    assert not preserves_values(_col("c", "int"), _col("c", "int", nullable=False))
+
+
+def test_evolve_plans_each_change_and_stops_on_what_iceberg_cannot_follow() -> None:
+    from jobs.cdc.ddl import ColumnChange
+    from jobs.cdc.schema_policy import plan
+
+    source = {"id": _col("id", "int"), "qty": _col("qty", "int"), "price": _col("price", "decimal(10,4)")}
+    target = {"id": "int", "qty": "int", "price": "decimal(10,4)"}
+    widen = (ColumnChange("retype", "qty", column=_col("qty", "bigint")),)
+    assert [(a.kind, a.name) for a in plan(widen, "evolve", source, target, ("id",)).actions] == [
+        ("promote", "qty")
+    ]
+    assert plan(widen, "evolve", source, target, ("id",)).resnapshot is None
+    rescale = (ColumnChange("retype", "price", column=_col("price", "decimal(12,2)")),)
+    assert "cannot promote" in plan(rescale, "evolve", source, target, ("id",)).stop
+    to_text = (ColumnChange("retype", "qty", column=_col("qty", "varchar(10)")),)
+    assert "cannot promote" in plan(to_text, "evolve", source, target, ("id",)).stop
+    key = (ColumnChange("rename", "id", new_name="pk"),)
+    assert "primary key" in plan(key, "evolve", source, target, ("id",)).stop
+    drop = (ColumnChange("drop", "qty"),)
+    assert plan(drop, "evolve", source, target, ("id",)).actions == []  # the lake keeps the column
+    assert "strict" in plan(drop, "strict", source, target, ("id",)).stop
+    add = (ColumnChange("add", "x", column=_col("x", "int"), fills_existing_rows=True),)
+    assert plan(add, "ignore", source, target, ("id",)).actions == []
+    assert plan(add, "ignore", source, target, ("id",)).resnapshot is None
+    assert plan(add, "evolve", source, target, ("id",)).resnapshot

@@ -176,21 +176,46 @@ def test_mariadb_kill_9_keeps_committed_rows_and_their_binlog(private_env):
     assert set(written) >= {(i, f"v{i}") for i in range(200)}  # the binlog still holds every row
 
 
-def test_cdc_user_has_exactly_replication_and_select(private_env):
+def test_cdc_user_has_exactly_the_privileges_rds_gives_it(private_env):
+    """The local CDC user is the RDS one (infra/seed_data.py): binlog, SELECT on the source database,
+    the snapshot barrier row; it cannot write the source, lock, or FLUSH."""
     _, state = _status(private_env)
     with _mysql(state, "cdc_user", "cdc_password") as conn, conn.cursor() as cur:
         cur.execute("SHOW GRANTS FOR CURRENT_USER()")
-        grants = " ".join(row[0] for row in cur.fetchall())
+        grants = [row[0] for row in cur.fetchall()]
         cur.execute("SELECT count(*) FROM user_db.products")
         assert cur.fetchone()[0] >= 1
-        with pytest.raises(pymysql.err.OperationalError):
-            cur.execute("INSERT INTO user_db.products (productId, name) VALUES ('x', 'y')")
-    granted = grants.split("GRANT ", 1)[1].split(" ON ", 1)[0]
+        cur.execute(
+            "INSERT INTO lakehouse_meta.cdc_snapshot_barrier (id, written_at) VALUES (1, NOW(6)) "
+            "ON DUPLICATE KEY UPDATE written_at = NOW(6)"
+        )
+        refused = {}
+        for what, statement in {
+            "write the source": "INSERT INTO user_db.products (productId, name) VALUES ('x', 'y')",
+            "global read lock": "FLUSH TABLES WITH READ LOCK",
+            "table lock": "LOCK TABLES user_db.products READ",
+            "read another database": "SELECT count(*) FROM mysql.user",
+        }.items():
+            try:
+                cur.execute(statement)
+                refused[what] = False
+            except (pymysql.err.OperationalError, pymysql.err.ProgrammingError):
+                refused[what] = True
+    assert all(refused.values()), refused
+    privileges = set()
+    for grant in grants:
+        if grant.startswith("GRANT USAGE"):
+            continue
+        granted, on = grant.removeprefix("GRANT ").split(" TO ", 1)[0].split(" ON ", 1)
+        privileges |= {(p.strip(), on.replace("`", "")) for p in granted.split(",")}
     # MariaDB 10.11 reports REPLICATION CLIENT under its new name BINLOG MONITOR.
-    assert {g.strip() for g in granted.split(",")} == {
-        "SELECT",
-        "REPLICATION SLAVE",
-        "BINLOG MONITOR",
+    assert privileges == {
+        ("REPLICATION SLAVE", "*.*"),
+        ("BINLOG MONITOR", "*.*"),
+        ("SELECT", "user_db.*"),
+        ("SELECT", "lakehouse_meta.cdc_snapshot_barrier"),
+        ("INSERT", "lakehouse_meta.cdc_snapshot_barrier"),
+        ("UPDATE", "lakehouse_meta.cdc_snapshot_barrier"),
     }, grants
 
 

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from jobs.cdc.schema_policy import DEFAULT_POLICY, POLICIES
+from jobs.cdc.snapshot import CHUNK_ROWS, COMMIT_ROWS
 from jobs.cdc.sync import DEFAULT_TABLES, PROGRESS_SECONDS, CdcSync, TableSpec, run_sync
 from jobs.common.job_args import (
     JobArgumentParser,
@@ -26,6 +28,9 @@ class CdcArgs:
     server_id: int | None
     mode: RunMode
     progress_seconds: float = PROGRESS_SECONDS
+    snapshot_chunk_rows: int = CHUNK_ROWS
+    snapshot_commit_rows: int = COMMIT_ROWS
+    schema_changes: str = DEFAULT_POLICY
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, CdcArgs]:
@@ -54,13 +59,41 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, CdcArgs]:
         help="at most this often, store the binlog position of tables without changes "
         f"(default {PROGRESS_SECONDS:.0f})",
     )
+    parser.add_argument(
+        "--snapshot-chunk-rows",
+        type=int,
+        default=CHUNK_ROWS,
+        metavar="N",
+        help=f"rows per SELECT of a snapshot (default {CHUNK_ROWS:,}; each is its own short read)",
+    )
+    parser.add_argument(
+        "--snapshot-commit-rows",
+        type=int,
+        default=COMMIT_ROWS,
+        metavar="N",
+        help=f"rows per progress commit of a snapshot: at most what a killed snapshot reads again "
+        f"(default {COMMIT_ROWS:,})",
+    )
+    parser.add_argument(
+        "--schema-changes",
+        choices=POLICIES,
+        default=DEFAULT_POLICY,
+        help="what a source column change does to the lake table: evolve (follow ADD/DROP/RENAME and "
+        "widening type changes), strict (stop the table), ignore (keep the lake schema); default "
+        f"{DEFAULT_POLICY}",
+    )
     args = parser.parse_args(list(argv))
+    if args.snapshot_chunk_rows < 1 or args.snapshot_commit_rows < 1:
+        parser.error("--snapshot-chunk-rows and --snapshot-commit-rows must be >= 1")
     return args, CdcArgs(
         tuple(args.table or DEFAULT_TABLES),
         tuple(args.resync),
         args.server_id,
         RunMode.from_args(args),
         args.progress_seconds,
+        args.snapshot_chunk_rows,
+        args.snapshot_commit_rows,
+        args.schema_changes,
     )
 
 
@@ -86,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics=metrics_sink_for(config),
         warm_up=True,
         change_wait_seconds=args.mode.trigger_seconds,
+        snapshot_chunk_rows=args.snapshot_chunk_rows,
+        snapshot_commit_rows=args.snapshot_commit_rows,
+        schema_changes=args.schema_changes,
     )
     try:
         return run_sync(sync, args.mode, stop)

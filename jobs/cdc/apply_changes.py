@@ -27,7 +27,7 @@ def change_table(columns: list[tuple[str, str]], changes: list[RowChange]):
     bytes for text) goes through `to_spark_value` value by value."""
     import pyarrow as pa
 
-    arrays = [_arrow_column([change.row.get(name) for change in changes], kind) for name, kind in columns]
+    arrays = [arrow_column([change.row.get(name) for change in changes], kind) for name, kind in columns]
     arrays.append(pa.array([change.op for change in changes], pa.string()))
     return pa.Table.from_arrays(arrays, names=[*(name for name, _ in columns), OP_COLUMN])
 
@@ -53,7 +53,7 @@ def arrow_type(kind: str):
     }[kind]
 
 
-def _arrow_column(values: list, kind: str):
+def arrow_column(values: list, kind: str):
     import pyarrow as pa
 
     arrow = arrow_type(kind)

@@ -1,10 +1,12 @@
-"""Classify DDL statements from the binlog: which synced table they touch and whether we can follow.
+"""Classify DDL statements from the binlog: which synced table they touch and what they change.
 
-Only `ALTER TABLE ... ADD [COLUMN]` is followed (the column is added to the Iceberg table). Every
-other change to a synced table's shape (drop, rename, type change, truncate) stops that table.
-An added column with a DEFAULT or NOT NULL fills the existing rows without any row events, so such
-a change is flagged for a backfill (`fills_existing_rows`, which parses the column definition with
-sqlglot rather than matching text).
+Column changes (`ColumnChange`): ADD (any position), DROP, RENAME COLUMN, CHANGE (rename and/or new
+type), MODIFY (new type); what the sync does with each is its `--schema-changes` policy
+(`schema_policy.py`). An added column with a DEFAULT or NOT NULL fills the existing rows without any
+row events, so such a change is flagged for a backfill (`fills_existing_rows`, which parses the
+column definition with sqlglot rather than matching text). TRUNCATE is its own kind; anything else
+that changes a synced table's shape (DROP/RENAME TABLE, a primary key change, a clause not
+understood) is `unsupported`: that table stops.
 """
 
 from __future__ import annotations
@@ -33,10 +35,20 @@ _HARMLESS = re.compile(
     r"|ENGINE\b|COMMENT\b|AUTO_INCREMENT\b|ALGORITHM\b|LOCK\b|ROW_FORMAT\b|FORCE\b)",
     re.I,
 )
+_TYPE = r"\w+(?:\s*\([^)]*\))?(?:\s+UNSIGNED)?"
 _ADD_COLUMN = re.compile(
-    rf"^ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?({_IDENT})\s+(\w+(?:\s*\([^)]*\))?(?:\s+UNSIGNED)?)(.*)$",
+    rf"^ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?({_IDENT})\s+({_TYPE})(.*)$",
     re.I | re.S,
 )
+_DROP_COLUMN = re.compile(rf"^DROP\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?({_IDENT})\s*$", re.I | re.S)
+_RENAME_COLUMN = re.compile(rf"^RENAME\s+COLUMN\s+({_IDENT})\s+TO\s+({_IDENT})\s*$", re.I | re.S)
+_CHANGE_COLUMN = re.compile(
+    rf"^CHANGE\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?({_IDENT})\s+({_IDENT})\s+({_TYPE})(.*)$", re.I | re.S
+)
+_MODIFY_COLUMN = re.compile(
+    rf"^MODIFY\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?({_IDENT})\s+({_TYPE})(.*)$", re.I | re.S
+)
+_NOT_NULL = re.compile(r"\bNOT\s+NULL\b", re.I)
 
 
 def fills_existing_rows(column_definition: str) -> bool:
@@ -106,15 +118,60 @@ def split_top_level(text: str) -> list[str]:
 
 
 @dataclass(frozen=True)
+class ColumnChange:
+    """One column clause of an ALTER TABLE."""
+
+    kind: str  # "add" | "drop" | "rename" | "retype"
+    name: str  # the column as it was (add: the new column)
+    new_name: str | None = None  # rename
+    column: SourceColumn | None = None  # add, retype: the new definition (MySQL type)
+    fills_existing_rows: bool = False  # add: existing rows got a value no row event shows
+
+
+@dataclass(frozen=True)
 class DdlChange:
     """What a DDL statement means for the synced tables (schema, table) it names."""
 
     statement: str
     tables: tuple[tuple[str | None, str], ...]
-    added_columns: tuple[SourceColumn, ...] = ()
+    column_changes: tuple[ColumnChange, ...] = ()
     unsupported: bool = False
     reason: str = field(default="")
-    fills_existing_rows: bool = False  # existing rows got a non-NULL value the binlog does not show
+    truncate: bool = False
+
+    @property
+    def added_columns(self) -> tuple[SourceColumn, ...]:
+        return tuple(c.column for c in self.column_changes if c.kind == "add" and c.column is not None)
+
+    @property
+    def fills_existing_rows(self) -> bool:
+        """Existing rows got a non-NULL value the binlog does not show (an added column)."""
+        return any(c.fills_existing_rows for c in self.column_changes)
+
+
+def _column_changes(clause: str) -> list[ColumnChange] | None:
+    """The changes of one ALTER clause; None if it is not a column change we understand."""
+    if re.match(r"^ADD\s+(COLUMN\s+)?\(", clause, re.I):
+        return None  # ADD (a INT, b INT): not parsed; stops the table rather than guess
+    if match := _ADD_COLUMN.match(clause):
+        name, kind, rest = _unquote(match.group(1)), match.group(2), match.group(3)
+        column = SourceColumn(name, kind, nullable=_NOT_NULL.search(rest) is None)
+        fills = fills_existing_rows(f"{match.group(1)} {kind}{rest}")
+        return [ColumnChange("add", name, column=column, fills_existing_rows=fills)]
+    if match := _DROP_COLUMN.match(clause):
+        return [ColumnChange("drop", _unquote(match.group(1)))]
+    if match := _RENAME_COLUMN.match(clause):
+        return [ColumnChange("rename", _unquote(match.group(1)), new_name=_unquote(match.group(2)))]
+    if match := _CHANGE_COLUMN.match(clause):
+        old, new = _unquote(match.group(1)), _unquote(match.group(2))
+        column = SourceColumn(new, match.group(3), nullable=_NOT_NULL.search(match.group(4)) is None)
+        renamed = [ColumnChange("rename", old, new_name=new)] if old.lower() != new.lower() else []
+        return [*renamed, ColumnChange("retype", new, column=column)]
+    if match := _MODIFY_COLUMN.match(clause):
+        name = _unquote(match.group(1))
+        column = SourceColumn(name, match.group(2), nullable=_NOT_NULL.search(match.group(3)) is None)
+        return [ColumnChange("retype", name, column=column)]
+    return None
 
 
 def classify(statement: str) -> DdlChange | None:
@@ -123,22 +180,20 @@ def classify(statement: str) -> DdlChange | None:
     match = _ALTER.match(text)
     if match:
         table = (_unquote(match.group(1)), _unquote(match.group(2)))
-        added, problems, fills = [], [], False
+        changes, problems = [], []
         for clause in split_top_level(match.group(3)):
             if not clause or _HARMLESS.match(clause):
                 continue
-            add = _ADD_COLUMN.match(clause)
-            if add and not re.match(r"^ADD\s+(COLUMN\s+)?\(", clause, re.I):
-                not_null = re.search(r"\bNOT\s+NULL\b", add.group(3), re.I) is not None
-                added.append(SourceColumn(_unquote(add.group(1)), add.group(2), nullable=not not_null))
-                fills = fills or fills_existing_rows(f"{add.group(1)} {add.group(2)}{add.group(3)}")
-            else:
+            understood = _column_changes(clause)
+            if understood is None:
                 problems.append(clause)
+            else:
+                changes += understood
         if problems:
             return DdlChange(statement, (table,), unsupported=True, reason="; ".join(problems))
-        if not added:
+        if not changes:
             return None
-        return DdlChange(statement, (table,), added_columns=tuple(added), fills_existing_rows=fills)
+        return DdlChange(statement, (table,), column_changes=tuple(changes))
     for pattern in _OTHER:
         match = pattern.match(text)
         if not match:
@@ -146,8 +201,8 @@ def classify(statement: str) -> DdlChange | None:
         verb = match.group(1).upper()
         if verb == "TRUNCATE":
             tables = ((_unquote(match.group(2)), _unquote(match.group(3))),)
-        else:
-            tables = tuple(_names_in(match.group(2)))
+            return DdlChange(statement, tables, truncate=True, reason=verb)
+        tables = tuple(_names_in(match.group(2)))
         return DdlChange(statement, tables, unsupported=True, reason=verb)
     return None
 

@@ -42,7 +42,7 @@ class SourceColumn:
     @property
     def base_type(self) -> str:
         """The MySQL type without its arguments and attributes: "float", "time", "varchar"."""
-        return _parse(self.column_type)[0]
+        return parse_column_type(self.column_type)[0]
 
     @property
     def spark_type(self) -> str:
@@ -52,7 +52,7 @@ class SourceColumn:
             raise UnsupportedType(f"column `{self.name}`: {exc}") from None
 
 
-def _parse(column_type: str) -> tuple[str, str | None, str]:
+def parse_column_type(column_type: str) -> tuple[str, str | None, str]:
     """A MySQL COLUMN_TYPE as (base type, arguments, the rest): "int(10) unsigned" ->
     ("int", "10", "unsigned")."""
     match = re.match(r"([a-z]+)\s*(?:\(([^)]*)\))?\s*(.*)", column_type.strip().lower())
@@ -63,7 +63,7 @@ def _parse(column_type: str) -> tuple[str, str | None, str]:
 
 def iceberg_type(column_type: str) -> str:
     """Spark SQL type (as created in Iceberg) for a MySQL COLUMN_TYPE string."""
-    base, args, rest = _parse(column_type)
+    base, args, rest = parse_column_type(column_type)
     unsigned = "unsigned" in rest
     if base in ("decimal", "numeric", "dec", "fixed"):
         parts = [int(p) for p in (args or "10,0").split(",")]

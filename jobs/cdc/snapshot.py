@@ -1,21 +1,98 @@
-"""Initial snapshot (and `--resync`): read the source in a consistent snapshot, load, commit with
-the binlog position of exactly that snapshot (see `source_db.consistent_snapshot`).
+"""Initial snapshot (and `--resync`): chunked, lock-free, resumable; the same path on RDS and locally.
 
-Taking the position separately from the read would leave a gap: a transaction already in the binlog
-before the position but not yet visible to the read would be in neither.
+**Position.** The snapshot's position B is the binlog end read *before* a barrier: one committed
+write of CDC's own row (`source_db.write_barrier`). Commits become visible in binlog order (MySQL's
+`binlog_order_commits`, checked at start; MariaDB always), so once the barrier's commit returns,
+every transaction written to the binlog before it - all of those up to B - is visible to any read
+that starts later. No lock, no RELOAD, no long transaction: the CDC user needs SELECT and the
+barrier row, exactly what RDS grants it (`infra/seed_data.py`).
+
+**Chunks.** The rows are read in primary-key order, a chunk at a time (`source_db.read_chunk`: one
+autocommit statement each, so no read view outlives a chunk and the source keeps no undo for the
+snapshot). Each chunk sees the source at some moment after B. The table's stored position is B,
+so the tail replays every change after B, each key taking its last change (full row images): a key
+changed after B ends as its last change, a key not changed after B was read as it is at B. So the
+table converges to the source however the chunks and the writes interleave.
+
+**Resume.** Chunks are appended to a staging table (`<target>__cdc_snapshot`), each commit carrying
+B, the last key read and the counts (`lakehouse.cdc.snapshot`). A job killed mid-snapshot resumes
+after the last committed chunk with the same B (if the source still has B's binlog; otherwise it
+starts over). The last step replaces the target's rows with the staging table's in one commit that
+stores B (readers see the old table, or none, until then) and drops the staging table.
 """
 
 from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
 
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from jobs.cdc import source_db, target_table
+from jobs.cdc.apply_changes import arrow_column, arrow_frame
 from jobs.cdc.binlog_reader import BinlogPosition
-from jobs.cdc.schema_mapping import spark_schema, to_spark_value
+from jobs.cdc.schema_mapping import spark_schema
 from jobs.cdc.source_db import SourceTable
 from jobs.cdc.target_table import POSITION_KEY, TABLE_PROPERTIES
-from jobs.common.snapshot_progress import retry_commit, writer_options
+from jobs.common import progress_keys
+from jobs.common.fault_injection import crash_point
+from jobs.common.snapshot_progress import read_progress, retry_commit, writer_options
+
+log = logging.getLogger("cdc_snapshot")
+
+PROGRESS_KEY = progress_keys.CDC_SNAPSHOT
+STAGING_SUFFIX = "__cdc_snapshot"
+CHUNK_ROWS = 10_000  # one SELECT; small enough that its read view is short on any table
+COMMIT_ROWS = 200_000  # rows per staging commit: what a kill -9 can cost to read again
+
+
+@dataclass(frozen=True)
+class SnapshotProgress:
+    position: BinlogPosition  # B: the table is stored at it once the snapshot is done
+    after: tuple | None  # the last key committed to the staging table
+    rows: int
+    chunks: int
+
+    def to_json(self) -> str:
+        after = None if self.after is None else [_json_key(v) for v in self.after]
+        return json.dumps(
+            {
+                "position": json.loads(self.position.to_json()),
+                "after": after,
+                "rows": self.rows,
+                "chunks": self.chunks,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> SnapshotProgress:
+        data = json.loads(text)
+        after = None if data["after"] is None else tuple(_key_value(v) for v in data["after"])
+        return cls(
+            BinlogPosition.from_json(json.dumps(data["position"])), after, data["rows"], data["chunks"]
+        )
+
+
+def _json_key(value: object) -> object:
+    """A key value as JSON that reads back as what MySQL compares it with (text for decimals, dates)."""
+    if isinstance(value, bytes):
+        return {"hex": value.hex()}
+    if isinstance(value, int | float | str) or value is None:
+        return value
+    return {"text": str(value)}
+
+
+def _key_value(value: object) -> object:
+    if isinstance(value, dict):
+        return bytes.fromhex(value["hex"]) if "hex" in value else value["text"]
+    return value
+
+
+def staging_table(target: str) -> str:
+    return target + STAGING_SUFFIX
 
 
 def schema_matches(spark, target: str, source: SourceTable) -> bool:
@@ -24,23 +101,161 @@ def schema_matches(spark, target: str, source: SourceTable) -> bool:
     return sorted(have) == sorted(want)
 
 
-def snapshot_table(spark, conn, source_schema: str, source_name: str, target: str) -> BinlogPosition:
-    """Load the source table into `target` and return the position stored with it."""
-    with source_db.consistent_snapshot(conn) as (file, pos, gtid):
-        position = BinlogPosition(file, pos, gtid)
-        source = source_db.describe_table(conn, source_schema, source_name)
-        columns = [(c.name, c.spark_type) for c in source.columns]  # UnsupportedType before any write
-        rows = [
-            tuple(to_spark_value(v, t) for v, (_, t) in zip(row, columns, strict=True))
-            for row in source_db.read_rows(conn, source)
-        ]
-    target_table.create_table(spark, target, source.columns, source.key)
-    replace = not schema_matches(spark, target, source)
+def _frame(spark, source: SourceTable, rows: list[tuple]):
+    import pyarrow as pa
+
+    columns = [(c.name, c.spark_type) for c in source.columns]
+    arrays = [arrow_column([row[i] for row in rows], kind) for i, (_, kind) in enumerate(columns)]
     schema = T.StructType(
         [T.StructField(f.name, f.dataType, f.name not in source.key) for f in spark_schema(columns).fields]
     )
-    frame = spark.createDataFrame(rows, schema, verifySchema=False)
-    options = writer_options({POSITION_KEY: position.to_json()})
+    return arrow_frame(spark, pa.Table.from_arrays(arrays, names=[n for n, _ in columns]), schema)
+
+
+def _resumable(spark, conn, staging: str, source: SourceTable, binlog_alive) -> SnapshotProgress | None:
+    """The progress of an interrupted snapshot into `staging`, if it can go on."""
+    if not target_table.table_exists(spark, staging):
+        return None
+    stored = read_progress(spark, staging, PROGRESS_KEY)
+    problem = None
+    if stored is None:
+        problem = "it stored no progress"
+    elif not schema_matches(spark, staging, source):
+        problem = "the source table's columns changed since"
+    else:
+        progress = SnapshotProgress.from_json(stored)
+        problem = binlog_alive(progress.position)
+        if problem is None:
+            return progress
+    log.warning("%s: an interrupted snapshot cannot be resumed (%s); starting over", staging, problem)
+    spark.sql(f"DROP TABLE {staging} PURGE")
+    return None
+
+
+def snapshot_table(
+    spark,
+    conn,
+    source_schema: str,
+    source_name: str,
+    target: str,
+    binlog_alive=lambda position: None,
+    chunk_rows: int = CHUNK_ROWS,
+    commit_rows: int = COMMIT_ROWS,
+) -> BinlogPosition:
+    """Load the source table into `target`; returns the position stored with it (B).
+
+    `binlog_alive(position)` says why the source can no longer replay from `position` (None: it can);
+    an interrupted snapshot resumes only from a position the source still has."""
+    source = source_db.describe_table(conn, source_schema, source_name)
+    columns = [(c.name, c.spark_type) for c in source.columns]  # UnsupportedType before any write
+    staging = staging_table(target)
+    progress = _resumable(spark, conn, staging, source, binlog_alive)
+    if progress is not None:
+        log.info(
+            "snapshot %s: resuming after %d rows in %d chunks (position %s)",
+            source.qualified, progress.rows, progress.chunks, progress.position,
+        )  # fmt: skip
+    else:
+        position = BinlogPosition(*source_db.master_position(conn))
+        source_db.write_barrier(conn)  # everything up to `position` is now visible to the reads
+        target_table.create_iceberg_table(spark, staging, columns, source.key)
+        progress = SnapshotProgress(position, None, 0, 0)
+    began = time.monotonic()
+    progress = _copy_chunks(spark, conn, source, staging, progress, chunk_rows, commit_rows)
+    _publish(spark, source, staging, target, progress)
+    log.info(
+        "snapshot %s -> %s: %s rows in %d chunks at %s (%.1f s)",
+        source.qualified, target, f"{progress.rows:,}", progress.chunks, progress.position,
+        time.monotonic() - began,
+    )  # fmt: skip
+    return progress.position
+
+
+def drop_finished_staging(spark, target: str, stored: BinlogPosition) -> None:
+    """A staging table left by a snapshot that was published (a kill -9 before the drop) goes; one
+    of an interrupted `--resync` stays, for the next `--resync` to resume."""
+    staging = staging_table(target)
+    if not target_table.table_exists(spark, staging):
+        return
+    value = read_progress(spark, staging, PROGRESS_KEY)
+    if value is None or SnapshotProgress.from_json(value).position.order <= stored.order:
+        spark.sql(f"DROP TABLE {staging} PURGE")
+        log.info("%s: dropped the staging table of a finished snapshot", staging)
+    else:
+        log.warning("%s: an interrupted re-snapshot of %s is waiting; `--resync` resumes it", staging, target)
+
+
+def _copy_chunks(
+    spark,
+    conn,
+    source: SourceTable,
+    staging: str,
+    progress: SnapshotProgress,
+    chunk_rows: int,
+    commit_rows: int,
+) -> SnapshotProgress:
+    estimate = max(source_db.estimated_rows(conn, source), progress.rows)
+    began, rows_at_start = time.monotonic(), progress.rows
+    pending: list[tuple] = []
+    after, chunks, done = progress.after, progress.chunks, False
+    while not done:
+        rows, last = source_db.read_chunk(conn, source, after, chunk_rows)
+        done = len(rows) < chunk_rows
+        pending += rows
+        chunks += 1
+        after = last if last is not None else after
+        if len(pending) >= commit_rows or (done and pending):
+            progress = SnapshotProgress(progress.position, after, progress.rows + len(pending), chunks)
+            _append(spark, source, staging, pending, progress)
+            pending = []
+            crash_point("cdc.snapshot-commit")
+            _log_progress(source, progress, estimate, began, rows_at_start, done)
+    return progress
+
+
+def _append(spark, source: SourceTable, staging: str, rows: list[tuple], progress: SnapshotProgress) -> None:
+    frame = _frame(spark, source, rows)
+    options = writer_options({PROGRESS_KEY: progress.to_json()})
+
+    @retry_commit()
+    def commit() -> None:
+        # A retry after an unknown outcome: the commit is recognised by the progress it stored.
+        if read_progress(spark, staging, PROGRESS_KEY) == progress.to_json():
+            return
+        frame.writeTo(staging).options(**options).append()
+
+    commit()
+
+
+def _log_progress(
+    source: SourceTable,
+    progress: SnapshotProgress,
+    estimate: int,
+    began: float,
+    rows_at_start: int,
+    done: bool,
+) -> None:
+    seconds = max(time.monotonic() - began, 1e-6)
+    rate = (progress.rows - rows_at_start) / seconds
+    total = max(estimate, progress.rows)
+    left = "" if done or rate <= 0 else f", ~{(total - progress.rows) / rate:.0f} s left"
+    log.info(
+        "snapshot %s: %s rows in %d chunks%s (%.0f rows/s%s)",
+        source.qualified,
+        f"{progress.rows:,}",
+        progress.chunks,
+        "" if done else f" of ~{total:,} ({100 * progress.rows / max(total, 1):.0f}%)",
+        rate,
+        left,
+    )
+
+
+def _publish(spark, source: SourceTable, staging: str, target: str, progress: SnapshotProgress) -> None:
+    """Replace the target's rows with the staging table's in one commit storing B; drop staging."""
+    target_table.create_table(spark, target, source.columns, source.key)
+    replace = not schema_matches(spark, target, source)
+    frame = spark.table(staging)
+    options = writer_options({POSITION_KEY: progress.position.to_json()})
 
     @retry_commit()
     def commit() -> None:
@@ -56,5 +271,6 @@ def snapshot_table(spark, conn, source_schema: str, source_name: str, target: st
             writer.overwrite(F.lit(True))
 
     commit()
+    crash_point("cdc.snapshot-published")
+    spark.sql(f"DROP TABLE IF EXISTS {staging} PURGE")
     target_table.configure_table(spark, target, source.key)
-    return position

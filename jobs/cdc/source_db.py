@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pymysql
@@ -69,8 +67,11 @@ REQUIRED_BINLOG_SETTINGS: dict[str, tuple[str, ...]] = {
     "binlog_row_metadata": ("FULL",),  # without it column names arrive as UNKNOWN_COLn
     "binlog_transaction_compression": ("OFF", "0"),  # MySQL
     "log_bin_compress": ("OFF", "0"),  # MariaDB
+    # The snapshot's barrier (snapshot.py) relies on commits becoming visible in binlog order:
+    # MySQL's default; MariaDB always commits in binlog order (no such variable).
+    "binlog_order_commits": ("ON", "1"),
 }
-_ONE_SERVER_ONLY = {"binlog_transaction_compression", "log_bin_compress"}
+_ONE_SERVER_ONLY = {"binlog_transaction_compression", "log_bin_compress", "binlog_order_commits"}
 
 
 def binlog_setting_problems(conn: pymysql.Connection) -> list[str]:
@@ -202,49 +203,43 @@ def mariadb_gtid_state(conn: pymysql.Connection) -> str:
         return cur.fetchone()[0] or ""
 
 
-@contextmanager
-def consistent_snapshot(conn: pymysql.Connection) -> Iterator[tuple[str, int, str]]:
-    """A transaction whose reads see the source exactly at the yielded (file, pos, GTID state).
+# CDC's one write on the source: its snapshot barrier (infra/seed_data.py creates it and grants
+# SELECT, INSERT, UPDATE on it to the CDC user, on RDS and locally alike; a test keeps the names equal).
+SNAPSHOT_BARRIER = "lakehouse_meta.cdc_snapshot_barrier"
+# pymysql error numbers that mean the barrier table is missing or not writable by this user.
+_BARRIER_REFUSALS = frozenset({1044, 1049, 1142, 1146})
 
-    MariaDB reports the binlog position of its consistent snapshot itself. MySQL has no such
-    status: commits are blocked (FLUSH TABLES WITH READ LOCK, needs RELOAD) while the snapshot
-    starts and the position is read; where that is not allowed (RDS), the position is read before
-    the snapshot starts, so changes in between are replayed (row images are idempotent) - only a
-    transaction written to the binlog but not yet visible at that instant could be missed.
-    """
-    with conn.cursor() as cur:
-        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        if is_mariadb(conn):
-            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
-            cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
-            status = {name.lower(): value for name, value in cur.fetchall()}
-            file, pos = status["binlog_snapshot_file"], int(status["binlog_snapshot_position"])
-            cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (file, pos))
-            gtid = cur.fetchone()[0] or ""
-        else:
-            locked = _try_global_read_lock(cur)
-            try:
-                if not locked:
-                    file, pos, gtid = master_position(conn)
-                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
-                if locked:
-                    file, pos, gtid = master_position(conn)
-            finally:
-                if locked:
-                    cur.execute("UNLOCK TABLES")
+
+def write_barrier(conn: pymysql.Connection) -> None:
+    """Commit one write and return once it is committed (the connection autocommits)."""
     try:
-        yield file, pos, gtid
-    finally:
         with conn.cursor() as cur:
-            cur.execute("COMMIT")
+            cur.execute(
+                f"INSERT INTO {SNAPSHOT_BARRIER} (id, written_at) VALUES (1, NOW(6)) "
+                "ON DUPLICATE KEY UPDATE written_at = NOW(6)"
+            )
+    except (pymysql.err.ProgrammingError, pymysql.err.OperationalError) as exc:
+        if not exc.args or exc.args[0] not in _BARRIER_REFUSALS:
+            raise
+        database = SNAPSHOT_BARRIER.split(".")[0]
+        raise ConfigError(
+            f"CDC's snapshot cannot write its barrier row to {SNAPSHOT_BARRIER} ({exc.args[1]}). As an "
+            f"administrator run: CREATE DATABASE IF NOT EXISTS {database}; CREATE TABLE IF NOT EXISTS "
+            f"{SNAPSHOT_BARRIER} (id TINYINT PRIMARY KEY, written_at TIMESTAMP(6) NOT NULL); "
+            f"GRANT SELECT, INSERT, UPDATE ON {SNAPSHOT_BARRIER} TO <the CDC user>. (On AWS the "
+            "SourceDatabase stack's seeding does this: `cdk deploy` it again.)"
+        ) from None
 
 
-def _try_global_read_lock(cur) -> bool:
-    try:
-        cur.execute("FLUSH TABLES WITH READ LOCK")
-        return True
-    except pymysql.err.OperationalError:  # no RELOAD privilege (e.g. RDS)
-        return False
+def estimated_rows(conn: pymysql.Connection, table: SourceTable) -> int:
+    """InnoDB's estimate of the table's rows (free; exact counts cost a full scan)."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+            (table.schema, table.name),
+        )
+        row = cur.fetchone()
+    return int(row[0] or 0) if row else 0
 
 
 def select_expression(column: SourceColumn) -> str:
@@ -260,13 +255,31 @@ def select_expression(column: SourceColumn) -> str:
     return quoted
 
 
-def read_rows(conn: pymysql.Connection, table: SourceTable, fetch: int = 5000) -> Iterator[tuple]:
-    """All rows of `table` in column order, streamed (unbuffered cursor)."""
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def read_chunk(
+    conn: pymysql.Connection, table: SourceTable, after: tuple | None, rows: int
+) -> tuple[list[tuple], tuple | None]:
+    """The next `rows` rows by primary key after the key `after` (None: from the start), in column
+    order, and the last key read (None when the table has no more rows). One statement on its own
+    (autocommit): its read view lives only while it runs, it takes no lock, and with the key's index
+    it reads only the chunk (a row comparison `(k1, k2) > (…)` is an index range since MySQL 5.7)."""
     cols = ", ".join(select_expression(c) for c in table.columns)
-    with conn.cursor(pymysql.cursors.SSCursor) as cur:
-        cur.execute(f"SELECT {cols} FROM `{table.schema}`.`{table.name}`")
-        while True:
-            batch = cur.fetchmany(fetch)
-            if not batch:
-                return
-            yield from batch
+    keys = ", ".join(_quoted(k) for k in table.key)
+    where = ""
+    args: tuple = ()
+    if after is not None:
+        where = f"WHERE ({keys}) > ({', '.join(['%s'] * len(after))})"
+        args = tuple(after)
+    with conn.cursor() as cur:
+        # The key columns again, as stored (not as selected for the lake), to continue from.
+        cur.execute(
+            f"SELECT {cols}, {keys} FROM {_quoted(table.schema)}.{_quoted(table.name)} "
+            f"{where} ORDER BY {keys} LIMIT {int(rows)}",
+            args,
+        )
+        fetched = cur.fetchall()
+    width = len(table.columns)
+    return [row[:width] for row in fetched], (tuple(fetched[-1][width:]) if fetched else None)

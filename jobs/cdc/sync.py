@@ -2,8 +2,9 @@
 
 `lakehouse run cdc` locally; the same module is what the EMR step runs.
 
-* A table with no stored position gets an initial snapshot: the rows read in a consistent snapshot
-  and that snapshot's binlog position, committed together. `--resync TABLE` does the same on purpose.
+* A table with no stored position gets an initial snapshot (`snapshot.py`: chunked, lock-free,
+  resumable; stored with a binlog position every chunk's read is past). `--resync TABLE` does the
+  same on purpose.
 * Then the binlog is tailed from the oldest stored position (by GTID on MariaDB). Each micro-batch
   is reduced per primary key to its last change and applied with one MERGE per table whose commit
   summary carries the binlog position after the batch (`lakehouse.cdc.position`). A transaction at
@@ -12,9 +13,10 @@
   --progress-seconds) so its position keeps up with the binlog.
 * Every commit checks that the stored position is still the batch's start: a second CDC job on the
   same table stops with an error (exit 3) instead of committing.
-* `ALTER TABLE ... ADD COLUMN` is followed (re-snapshotting the table when the new column fills the
-  existing rows: DEFAULT / NOT NULL); other DDL, or a column type with no Iceberg mapping, stops that
-  table's sync with an error naming the statement and the fix.
+* Column changes (ADD, DROP, RENAME, type changes) are followed per `--schema-changes`
+  (`schema_policy.py`); TRUNCATE empties the lake table at the same position; other DDL (DROP or
+  RENAME TABLE, a key change), or a column type with no Iceberg mapping, stops that table's sync with
+  an error naming the statement and the fix.
 """
 
 from __future__ import annotations
@@ -29,14 +31,26 @@ from dataclasses import dataclass, field
 import pymysql
 from tenacity import before_sleep_log, retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from jobs.cdc import apply_changes, merge_warm_up, position_commit, snapshot, source_db, target_table
+from jobs.cdc import (
+    apply_changes,
+    merge_warm_up,
+    position_commit,
+    schema_policy,
+    snapshot,
+    source_db,
+    target_table,
+)
 from jobs.cdc.binlog_reader import BinlogPosition, BinlogReader, DdlEvent, Transaction
 from jobs.cdc.change_batch import RowChange, last_change_per_key
 from jobs.cdc.position_check import position_problem
-from jobs.cdc.schema_mapping import UnsupportedType
+from jobs.cdc.schema_mapping import SourceColumn, UnsupportedType
 from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink, guarded
 from jobs.common.run_modes import RunMode, StopRequest, run_batches
-from jobs.common.snapshot_progress import CONCURRENT_WRITER_EXIT, ConcurrentWriterError
+from jobs.common.snapshot_progress import (
+    CONCURRENT_WRITER_EXIT,
+    ConcurrentWriterError,
+    with_snapshot_properties,
+)
 from jobs.common.streaming_job import StreamingJob
 from jobs.config import SOURCE_DATABASE, ConfigError, LakehouseConfig
 
@@ -91,6 +105,11 @@ class TableState:
     position: BinlogPosition
     error: str | None = None
     last_commit: float = field(default_factory=time.monotonic)
+    # The source's columns as of `position` (lower-case name -> column): what a type change is from.
+    source_columns: dict[str, SourceColumn] = field(default_factory=dict)
+
+    def track_source(self, columns) -> None:
+        self.source_columns = {c.name.lower(): c for c in columns}
 
 
 @dataclass
@@ -124,6 +143,9 @@ class CdcSync(StreamingJob):
         warm_up: bool = False,
         change_wait_seconds: float = 0.0,
         stop_at_source_end: bool = False,
+        snapshot_chunk_rows: int = snapshot.CHUNK_ROWS,
+        snapshot_commit_rows: int = snapshot.COMMIT_ROWS,
+        schema_changes: str = schema_policy.DEFAULT_POLICY,
     ) -> None:
         self.spark = spark
         self.config = config
@@ -141,6 +163,13 @@ class CdcSync(StreamingJob):
         self.change_wait_seconds = change_wait_seconds
         # --until-idle: the job's end is the binlog position the source has when it starts.
         self.stop_at_source_end = stop_at_source_end
+        self.snapshot_chunk_rows = snapshot_chunk_rows
+        self.snapshot_commit_rows = snapshot_commit_rows
+        if schema_changes not in schema_policy.POLICIES:
+            raise ConfigError(
+                f"--schema-changes {schema_changes!r}: choose from {', '.join(schema_policy.POLICIES)}"
+            )
+        self.schema_changes = schema_changes
         self._source_end: BinlogPosition | None = None
         self.credentials = source_db.cdc_credentials(config)
         self.tables: dict[tuple[str, str], TableState] = {}
@@ -199,8 +228,10 @@ class CdcSync(StreamingJob):
         if target_table.table_exists(self.spark, spec.target):
             stored = position_commit.stored_position(self.spark, spec.target)
         wants_resync = any(spec.matches(name) for name in self.resync)
+        if stored is not None and not wants_resync:
+            snapshot.drop_finished_staging(self.spark, spec.target, stored)
         try:
-            position = self._snapshot(conn, spec) if stored is None or wants_resync else stored
+            position = self._snapshot(conn, spec, is_mariadb) if stored is None or wants_resync else stored
             source = source_db.describe_table(conn, spec.source_schema, spec.source_name)
             for column in source.columns:
                 column.spark_type  # noqa: B018 - raises UnsupportedType for a type with no mapping
@@ -211,6 +242,7 @@ class CdcSync(StreamingJob):
             return state
         target_table.configure_table(self.spark, spec.target, source.key)
         state = TableState(spec, source.key, target_table.target_columns(self.spark, spec.target), position)
+        state.track_source(source.columns)
         # Only a stored position can be stale; a fresh snapshot's is the source's own.
         problem = None if position is not stored else self._position_problem(conn, position, is_mariadb)
         if problem is not None:
@@ -225,15 +257,17 @@ class CdcSync(StreamingJob):
         gtid_state = source_db.mariadb_gtid_state(conn) if is_mariadb else None
         return position_problem(position, source_db.binary_logs(conn), gtid_state)
 
-    def _snapshot(self, conn: pymysql.Connection, spec: TableSpec) -> BinlogPosition:
-        began = time.monotonic()
-        position = snapshot.snapshot_table(
-            self.spark, conn, spec.source_schema, spec.source_name, spec.target
+    def _snapshot(self, conn: pymysql.Connection, spec: TableSpec, is_mariadb: bool) -> BinlogPosition:
+        return snapshot.snapshot_table(
+            self.spark,
+            conn,
+            spec.source_schema,
+            spec.source_name,
+            spec.target,
+            binlog_alive=lambda position: self._position_problem(conn, position, is_mariadb),
+            chunk_rows=self.snapshot_chunk_rows,
+            commit_rows=self.snapshot_commit_rows,
         )
-        log.info(
-            "snapshot %s -> %s at %s (%.1fs)", spec.source, spec.target, position, time.monotonic() - began
-        )
-        return position
 
     # ---- one micro-batch ----------------------------------------------------------------------
 
@@ -362,30 +396,94 @@ class CdcSync(StreamingJob):
             if state.error is not None or ddl.end.order <= state.position.order:
                 continue
             statement = " ".join(ddl.change.statement.split())
-            if ddl.change.unsupported:
-                state.error = (
-                    f"{state.spec.target}: sync stopped at {ddl.end}: "
-                    f"unsupported DDL on {state.spec.source}: "
-                    f"`{statement}` (only ALTER TABLE ... ADD COLUMN is followed); {resync_hint(state.spec)}"
+            if ddl.change.truncate:
+                self._truncate(state, ddl.end, statement)
+            elif ddl.change.unsupported:
+                what = {
+                    "DROP": "the source table was dropped; the lake table stays as it was",
+                    "RENAME": "the source table was renamed; the lake table stays as it was",
+                }.get(ddl.change.reason, f"unsupported DDL on {state.spec.source} (`{ddl.change.reason}`)")
+                self._stop_table(
+                    state, f"sync stopped at {ddl.end}: {what}: `{statement}`; {resync_hint(state.spec)}"
                 )
-                log.error(state.error)
-                continue
-            try:
-                added = target_table.add_columns(self.spark, state.spec.target, ddl.change.added_columns)
-            except UnsupportedType as exc:
-                state.error = (
-                    f"{state.spec.target}: sync stopped at {ddl.end}: `{statement}` on {state.spec.source}: "
-                    f"{exc}; change that column's type (or drop it), then {resync_hint(state.spec)}"
-                )
-                log.error(state.error)
-                continue
-            state.columns = target_table.target_columns(self.spark, state.spec.target)
-            log.info(
-                "%s: schema evolved by `%s` (added %s)", state.spec.target, statement, added or "nothing new"
+            else:
+                self._evolve(state, ddl, statement)
+
+    def _stop_table(self, state: TableState, message: str) -> None:
+        state.error = f"{state.spec.target}: {message}"
+        log.error(state.error)
+
+    def _evolve(self, state: TableState, ddl: DdlEvent, statement: str) -> None:
+        """Column changes, per the `--schema-changes` policy (`schema_policy.py`)."""
+        target = state.spec.target
+        planned = schema_policy.plan(
+            ddl.change.column_changes,
+            self.schema_changes,
+            state.source_columns,
+            {name.lower(): kind for name, kind in state.columns},
+            state.key,
+        )
+        if planned.stop is not None:
+            self._stop_table(
+                state,
+                f"sync stopped at {ddl.end}: `{statement}` on {state.spec.source}: {planned.stop}; "
+                f"{resync_hint(state.spec)}",
             )
-            if ddl.change.fills_existing_rows:
-                # The source filled existing rows without row events: re-read the table.
-                self._resnapshot(state, f"`{statement}` filled existing rows")
+            return
+        try:
+            for action in planned.actions:
+                if action.kind == "add":
+                    target_table.add_columns(self.spark, target, (action.column,))
+                elif action.kind == "rename":
+                    target_table.rename_column(self.spark, target, action.name, action.new_name)
+                elif action.kind == "promote":
+                    target_table.promote_column(self.spark, target, action.name, action.column.spark_type)
+        except UnsupportedType as exc:
+            self._stop_table(
+                state,
+                f"sync stopped at {ddl.end}: `{statement}` on {state.spec.source}: {exc}; change that "
+                f"column's type (or drop it), then {resync_hint(state.spec)}",
+            )
+            return
+        for change in ddl.change.column_changes:  # the source's columns after the statement
+            if change.kind in ("add", "retype"):
+                state.source_columns[change.name.lower()] = change.column
+            elif change.kind == "drop":
+                state.source_columns.pop(change.name.lower(), None)
+            elif change.kind == "rename" and change.name.lower() in state.source_columns:
+                column = state.source_columns.pop(change.name.lower())
+                state.source_columns[change.new_name.lower()] = SourceColumn(
+                    change.new_name, column.column_type, column.nullable
+                )
+        state.columns = target_table.target_columns(self.spark, target)
+        log.info(
+            "%s: `%s` followed (--schema-changes %s): %s",
+            target,
+            statement,
+            self.schema_changes,
+            ", ".join(
+                f"{a.kind} {a.name}" + (f" -> {a.new_name}" if a.new_name else "") for a in planned.actions
+            )
+            or "the lake schema stays",
+        )
+        if planned.resnapshot is not None:
+            # The source changed existing rows without row events: re-read the table.
+            self._resnapshot(state, planned.resnapshot)
+
+    def _truncate(self, state: TableState, end: BinlogPosition, statement: str) -> None:
+        """TRUNCATE in the source: the lake table is emptied at the same binlog position."""
+        target = state.spec.target
+        position_commit.commit_position(
+            self.spark,
+            target,
+            state.position,
+            end,
+            lambda properties: with_snapshot_properties(
+                self.spark, properties, lambda: self.spark.sql(f"DELETE FROM {target}")
+            ),
+        )
+        state.position, state.last_commit = end, time.monotonic()
+        log.info("%s: emptied at %s, as the source was: `%s`", target, end, statement)
 
     def _resnapshot(self, state: TableState, why: str) -> None:
         stored = position_commit.stored_position(self.spark, state.spec.target)
@@ -393,7 +491,10 @@ class CdcSync(StreamingJob):
             raise position_commit.other_writer(state.spec.target, stored, state.position)
         conn = self._connect()
         try:
-            state.position = self._snapshot(conn, state.spec)
+            state.position = self._snapshot(conn, state.spec, source_db.is_mariadb(conn))
+            state.track_source(
+                source_db.describe_table(conn, state.spec.source_schema, state.spec.source_name).columns
+            )
         finally:
             conn.close()
         state.columns = target_table.target_columns(self.spark, state.spec.target)

@@ -83,3 +83,21 @@ def add_columns(spark, table: str, columns: tuple[SourceColumn, ...]) -> list[st
         spark.sql(f"ALTER TABLE {table} ADD COLUMN {_quote(column.name)} {column.spark_type}")
         added.append(column.name)
     return added
+
+
+def rename_column(spark, table: str, old: str, new: str) -> bool:
+    """Rename `old` to `new` (idempotent: a replayed rename finds `new` already there)."""
+    names = {name.lower() for name, _ in target_columns(spark, table)}
+    if old.lower() not in names or new.lower() in names:
+        return False
+    spark.sql(f"ALTER TABLE {table} RENAME COLUMN {_quote(old)} TO {_quote(new)}")
+    return True
+
+
+def promote_column(spark, table: str, name: str, spark_type: str) -> bool:
+    """Widen `name` to `spark_type` in place (Iceberg's promotions; idempotent)."""
+    current = dict((n.lower(), t) for n, t in target_columns(spark, table)).get(name.lower())
+    if current is None or current == spark_type:
+        return False
+    spark.sql(f"ALTER TABLE {table} ALTER COLUMN {_quote(name)} TYPE {spark_type}")
+    return True

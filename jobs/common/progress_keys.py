@@ -12,5 +12,6 @@ COMMIT_ID = PREFIX + "commit-id"  # a commit's own id: a retried commit recognis
 KAFKA_OFFSETS = PREFIX + "kafka.offsets"  # ingest: {"<topic>": {"<partition>": next offset}}
 VIEWS_CLICK_OFFSETS = PREFIX + "views.click-offsets"  # views: the click offsets counted so far
 CDC_POSITION = PREFIX + "cdc.position"  # cdc: the binlog position the table is current to
+CDC_SNAPSHOT = PREFIX + "cdc.snapshot"  # cdc, staging table: a snapshot's position and last key read
 
-ALL = (COMMIT_ID, KAFKA_OFFSETS, VIEWS_CLICK_OFFSETS, CDC_POSITION)
+ALL = (COMMIT_ID, KAFKA_OFFSETS, VIEWS_CLICK_OFFSETS, CDC_POSITION, CDC_SNAPSHOT)

@@ -145,7 +145,11 @@ class MariaDb:
     def _bootstrap(self, secrets: dict[str, str]) -> None:
         app_pw = secrets["mysql_app_password"]
         cdc_pw = secrets["mysql_cdc_password"]
-        statements = [f"CREATE DATABASE IF NOT EXISTS {SOURCE_DATABASE}"]
+        statements = [
+            f"CREATE DATABASE IF NOT EXISTS {SOURCE_DATABASE}",
+            f"CREATE DATABASE IF NOT EXISTS {seed_data.CDC_BARRIER_DATABASE}",
+            seed_data.CDC_BARRIER_DDL,
+        ]
         for host in ("127.0.0.1", "localhost"):
             statements += [
                 f"CREATE USER IF NOT EXISTS '{APP_USER}'@'{host}' IDENTIFIED BY '{app_pw}'",
@@ -153,8 +157,13 @@ class MariaDb:
                 f"GRANT ALL PRIVILEGES ON {SOURCE_DATABASE}.* TO '{APP_USER}'@'{host}'",
                 f"CREATE USER IF NOT EXISTS '{CDC_USER}'@'{host}' IDENTIFIED BY '{cdc_pw}'",
                 f"ALTER USER '{CDC_USER}'@'{host}' IDENTIFIED BY '{cdc_pw}' REQUIRE SSL",
-                # Exactly what a binlog reader needs, nothing more.
-                f"GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO '{CDC_USER}'@'{host}'",
+                # Exactly the CDC user's privileges on RDS (the seeding Lambda grants the same), so
+                # the tested path is the production path; an older stack's wider grant goes first.
+                f"REVOKE ALL PRIVILEGES, GRANT OPTION FROM '{CDC_USER}'@'{host}'",
+                *(
+                    f"GRANT {privileges} ON {on} TO '{CDC_USER}'@'{host}'"
+                    for privileges, on in seed_data.cdc_grants(SOURCE_DATABASE)
+                ),
             ]
         self.admin_sql(";\n".join(statements))
         self._seed(app_pw)

@@ -52,13 +52,31 @@ def test_seed_keeps_the_source_column_names(seed):
     assert ("513248", "test01", "label01", 1) in inserts
 
 
-def test_cdc_user_gets_only_replication_and_select(seed):
+def test_cdc_user_gets_only_replication_select_and_the_barrier(seed):
     grants = [s for s, _ in _statements(seed) if s.startswith("GRANT")]
     privileges = set()
     for grant in grants:
-        privileges |= {p.strip() for p in grant[len("GRANT ") : grant.index(" ON ")].split(",")}
-    assert privileges == {"REPLICATION SLAVE", "REPLICATION CLIENT", "SELECT"}
-    assert any("ON `user_db`.*" in g and g.startswith("GRANT SELECT") for g in grants)
+        granted, on = grant[len("GRANT ") :].split(" TO ", 1)[0].split(" ON ", 1)
+        privileges |= {(p.strip(), on) for p in granted.split(",")}
+    barrier = "`lakehouse_meta`.`cdc_snapshot_barrier`"
+    assert privileges == {
+        ("REPLICATION SLAVE", "*.*"),
+        ("REPLICATION CLIENT", "*.*"),
+        ("SELECT", "`user_db`.*"),
+        ("SELECT", barrier),
+        ("INSERT", barrier),
+        ("UPDATE", barrier),
+    }
+    # The barrier table exists before the grant on it, and is the one the CDC job writes.
+    sql = [s for s, _ in _statements(seed)]
+    grant_on_barrier = min(i for i, s in enumerate(sql) if s.startswith("GRANT") and barrier in s)
+    assert sql.index(seed_data.CDC_BARRIER_DDL) < grant_on_barrier
+
+
+def test_the_cdc_job_writes_the_barrier_the_seeding_creates():
+    from jobs.cdc.source_db import SNAPSHOT_BARRIER
+
+    assert SNAPSHOT_BARRIER == f"{seed_data.CDC_BARRIER_DATABASE}.{seed_data.CDC_BARRIER_TABLE}"
 
 
 def test_binlog_retention_is_set_and_passwords_are_parameters(seed):

@@ -1,8 +1,9 @@
 """Custom resource: seed the RDS MySQL source database and create the CDC user.
 
 Runs in the VPC (the database is private). On Create/Update it is idempotent: creates `user_db`, the
-seed tables and rows, the CDC user with only REPLICATION SLAVE, REPLICATION CLIENT and SELECT, and
-sets RDS's binlog retention so the CDC reader can resume after a pause. Delete does nothing: the
+seed tables and rows, CDC's snapshot barrier table, the CDC user with only REPLICATION SLAVE,
+REPLICATION CLIENT, SELECT on the source database and SELECT, INSERT, UPDATE on the barrier, and sets RDS's
+binlog retention so the CDC reader can resume after a pause. Delete does nothing: the
 database goes with its instance (dev) or is kept (prod).
 Properties: Host, Port, DatabaseName, AdminSecretArn, CdcSecretArn, BinlogRetentionHours.
 """
@@ -45,11 +46,14 @@ def seed_statements(database: str, cdc_user: str, cdc_password: str, retention_h
         yield seed_data.INSERT_PRODUCT, row
     for row in seed_data.USER_MEMBER_ROWS:
         yield seed_data.INSERT_USER_MEMBER, row
-    # CDC user: binlog access plus SELECT on the source database only, nothing else.
+    # CDC's snapshot barrier (one row it writes; never synced).
+    yield f"CREATE DATABASE IF NOT EXISTS `{seed_data.CDC_BARRIER_DATABASE}`", None
+    yield seed_data.CDC_BARRIER_DDL, None
+    # CDC user: binlog access, SELECT on the source database, the barrier row; nothing else.
     yield "CREATE USER IF NOT EXISTS %s@'%%' IDENTIFIED BY %s", (cdc_user, cdc_password)
     yield "ALTER USER %s@'%%' IDENTIFIED BY %s", (cdc_user, cdc_password)
-    yield "GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO %s@'%%'", (cdc_user,)
-    yield f"GRANT SELECT ON {quoted_db}.* TO %s@'%%'", (cdc_user,)
+    for privileges, on in seed_data.cdc_grants(database):
+        yield f"GRANT {privileges} ON {on} TO %s@'%%'", (cdc_user,)
     # RDS purges binlogs as soon as it can unless told to keep them.
     yield (
         "CALL mysql.rds_set_configuration('binlog retention hours', %s)",

@@ -1,0 +1,142 @@
+"""CDC's initial snapshot on a private local stack (issue 27): a BENCH_SNAPSHOT_ROWS (1,000,000)-row
+table, read by the chunked lock-free snapshot (`jobs/cdc/snapshot.py`, with the CDC user's RDS
+privileges) into Iceberg, beside a raw `SELECT *` of the same table with the same driver in the same
+run (the ceiling: reading without writing anything). Then a snapshot killed (SIGKILL) after half of
+its progress commits, and the time the next start takes to resume and finish it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.private_stack import private_stack, row
+
+TABLE = "bench_snapshot"
+PAIR = f"user_db.{TABLE}=dim_db.{TABLE}"
+TARGET_RATIO = 0.5
+INSERT_BATCH = 5_000
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run() -> list[dict]:
+    rows = int(os.environ.get("BENCH_SNAPSHOT_ROWS", 1_000_000))
+    with private_stack("cdc-snapshot") as stack:
+        return _measure(stack, rows)
+
+
+def _fill(conn, rows: int) -> None:
+    with conn.cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS {TABLE}")
+        cur.execute(
+            f"CREATE TABLE {TABLE} (id INT PRIMARY KEY, name VARCHAR(32) NOT NULL, qty INT, "
+            "price DECIMAL(10,4), note VARCHAR(64), updated TIMESTAMP DEFAULT CURRENT_TIMESTAMP)"
+        )
+        for lo in range(0, rows, INSERT_BATCH):
+            batch = [
+                (i, f"name{i}", i % 97, i / 100, f"note {i % 1000}")
+                for i in range(lo, min(rows, lo + INSERT_BATCH))
+            ]
+            cur.executemany(
+                f"INSERT INTO {TABLE} (id, name, qty, price, note) VALUES (%s,%s,%s,%s,%s)", batch
+            )
+            conn.commit()
+        cur.execute(f"ANALYZE TABLE {TABLE}")  # the snapshot's progress uses InnoDB's row estimate
+        cur.fetchall()
+
+
+def _raw_select(config, credentials) -> tuple[int, float]:
+    """Rows and seconds of `SELECT *` streamed with the driver the snapshot uses, nothing else."""
+    import pymysql
+
+    from jobs.cdc import source_db
+
+    conn = source_db.connect(config, credentials)
+    began = time.monotonic()
+    count = 0
+    with conn.cursor(pymysql.cursors.SSCursor) as cur:
+        cur.execute(f"SELECT * FROM user_db.{TABLE}")
+        while batch := cur.fetchmany(10_000):
+            count += len(batch)
+    seconds = time.monotonic() - began
+    conn.close()
+    return count, seconds
+
+
+def _killed_half_way(commits: int) -> subprocess.CompletedProcess:
+    # private_stack() put the stack's home and ports in the environment.
+    env = {**os.environ, "LAKEHOUSE_CRASH_AT": f"cdc.snapshot-commit:{max(1, commits // 2)}"}
+    return subprocess.run(
+        [sys.executable, "-m", "jobs.cdc", "--until-idle", "--table", PAIR, "--server-id", "4302"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+
+
+def _measure(stack, rows: int) -> list[dict]:
+    from jobs.cdc import snapshot, source_db
+    from jobs.cdc.sync import CdcSync, TableSpec
+    from jobs.common.spark_session import build_spark, stop_spark
+    from jobs.config import LakehouseConfig
+    from lakehouse.local.mariadb import APP_USER
+    from lakehouse.local.settings import load_or_create_secrets
+
+    config = LakehouseConfig.local(stack.settings.home)
+    conn = stack.mariadb.connect(APP_USER, load_or_create_secrets(stack.settings)["mysql_app_password"])
+    began = time.monotonic()
+    _fill(conn, rows)
+    fill_seconds = time.monotonic() - began
+    credentials = source_db.cdc_credentials(config)
+    raw_rows, raw_seconds = _raw_select(config, credentials)
+
+    spark = build_spark(config, "cdc_snapshot_bench", {"spark.sql.shuffle.partitions": "2"})
+    target = f"lakehouse.dim_db.{TABLE}"
+    try:
+        specs = [TableSpec.parse(PAIR, config)]
+        began = time.monotonic()
+        CdcSync(spark, config, specs, server_id=4301).start().close()
+        snapshot_seconds = time.monotonic() - began
+        lake_rows = spark.table(target).count()
+
+        # Killed after half of its progress commits, then resumed by the next start (--resync: the
+        # table was snapshotted above; the resync goes through the same staging table).
+        commits = -(-rows // snapshot.COMMIT_ROWS)
+        spark.sql(f"DROP TABLE {target}")
+        killed = _killed_half_way(commits)
+        if killed.returncode != -signal.SIGKILL:
+            raise RuntimeError(f"the snapshot was not killed half-way:\n{killed.stderr[-3000:]}")
+        staged = spark.table(snapshot.staging_table(target)).count()
+        began = time.monotonic()
+        CdcSync(spark, config, specs, server_id=4303).start().close()
+        resume_seconds = time.monotonic() - began
+        resumed_rows = spark.table(target).count()
+    finally:
+        stop_spark(spark)
+        conn.close()
+    raw_rate, snapshot_rate = raw_rows / raw_seconds, lake_rows / snapshot_seconds
+    ratio = snapshot_rate / raw_rate
+    return [
+        row(f"source table filled ({rows:,} rows)", f"{fill_seconds:.1f}s"),
+        row("raw SELECT * (pymysql, streamed; the ceiling)", f"{raw_rate:,.0f} rows/s ({raw_seconds:.1f}s)"),
+        row(
+            f"snapshot -> Iceberg ({lake_rows:,} rows, chunks of {snapshot.CHUNK_ROWS:,}, lock-free)",
+            f"{snapshot_rate:,.0f} rows/s ({snapshot_seconds:.1f}s, start to published)",
+        ),
+        row("snapshot / raw", f"{ratio:.2f}x", f">= {TARGET_RATIO}x", ratio >= TARGET_RATIO),
+        row(
+            "kill -9 half-way, then the next start resumes",
+            f"{staged:,} rows kept; resumed and published in {resume_seconds:.1f}s "
+            f"({resume_seconds / snapshot_seconds:.0%} of a whole snapshot)",
+            "resumes, not restarts",
+            staged > 0 and resume_seconds < snapshot_seconds,
+        ),
+        row(
+            "rows source / lake (whole, resumed)",
+            f"{raw_rows:,} / {lake_rows:,}, {resumed_rows:,}",
+            "equal",
+            raw_rows == lake_rows == resumed_rows,
+        ),
+    ]
