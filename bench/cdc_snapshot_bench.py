@@ -108,7 +108,7 @@ def _measure(stack, rows: int) -> list[dict]:
         killed = _killed_half_way(commits)
         if killed.returncode != -signal.SIGKILL:
             raise RuntimeError(f"the snapshot was not killed half-way:\n{killed.stderr[-3000:]}")
-        staged = spark.table(snapshot.staging_table(target)).count()
+        staged = spark.table(snapshot.staging_tables(spark, target)[0]).count()
         began = time.monotonic()
         CdcSync(spark, config, specs, server_id=4303).start().close()
         resume_seconds = time.monotonic() - began

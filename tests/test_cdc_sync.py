@@ -452,7 +452,7 @@ def test_rows_changed_during_initial_snapshot_converge(
         stop.set()
         writer.join()
     assert len(inside) == 2 and min(inside) >= 40, "no write committed between the snapshot's chunks"
-    assert not spark.catalog.tableExists(snapshot.staging_table("lakehouse.dim_db.cdc_test_snapshot"))
+    assert snapshot.staging_tables(spark, "lakehouse.dim_db.cdc_test_snapshot") == []
     catch_up(sync)
     assert assert_converged(spark, app_conn, "cdc_test_snapshot") > 15_000
 
@@ -532,7 +532,7 @@ def test_kill_9_mid_snapshot_resumes_after_the_last_chunk_committed(
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert job.returncode == -signal.SIGKILL, job.stderr[-3000:]
-        staging = snapshot.staging_table(f"lakehouse.dim_db.{name}")
+        [staging] = snapshot.staging_tables(spark, f"lakehouse.dim_db.{name}")
         stored = snapshot.SnapshotProgress.from_json(
             snapshot.read_progress(spark, staging, snapshot.PROGRESS_KEY)
         )
@@ -554,7 +554,7 @@ def test_kill_9_mid_snapshot_resumes_after_the_last_chunk_committed(
     assert starts[0] == stored.after
     assert len(starts) <= 8  # about 6,000 rows left (plus what the writer inserted), not 12,000
     assert stored_position(spark, f"lakehouse.dim_db.{name}") == stored.position
-    assert not spark.catalog.tableExists(staging)
+    assert snapshot.staging_tables(spark, f"lakehouse.dim_db.{name}") == []  # it became the table
     catch_up(sync)
     assert_converged(spark, app_conn, name)
 
@@ -941,6 +941,40 @@ def test_unmapped_column_type_stops_only_that_table(spark, app_conn, make_sync) 
     error = sync.errors[0]
     assert odd in error and "point" in error.lower() and "\n" not in error
     assert assert_converged(spark, app_conn, fine) == 20
+
+
+def test_kill_9_between_publishing_and_storing_the_position_snapshots_again(
+    spark, app_conn, make_sync
+) -> None:
+    """The staging table became the target but its position was never stored: the next start
+    cannot trust the table, so it snapshots again, into it."""
+    from jobs.cdc import snapshot
+
+    name = "cdc_test_snapshot_renamed"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 300)
+    job = subprocess.run(
+        [LAKEHOUSE_BIN, "run", "cdc", "--until-idle", "--table", pair, "--server-id", "5097"],
+        env={**os.environ, "LAKEHOUSE_CRASH_AT": "cdc.snapshot-renamed:1"},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert job.returncode == -signal.SIGKILL, job.stderr[-3000:]
+    target = f"lakehouse.dim_db.{name}"
+    assert spark.table(target).count() == 300 and stored_position_or_none(spark, target) is None
+    with app_conn.cursor() as cur:
+        cur.execute(f"DELETE FROM {name} WHERE id < 'k00100'")
+    app_conn.commit()
+    sync = make_sync(pair)
+    assert stored_position_or_none(spark, target) is not None
+    assert snapshot.staging_tables(spark, target) == []
+    catch_up(sync)
+    assert assert_converged(spark, app_conn, name) == 200
+
+
+def stored_position_or_none(spark, target: str):
+    from jobs.cdc.position_commit import stored_position as stored
+
+    return stored(spark, target)
 
 
 def test_write_between_snapshot_position_and_read_is_not_lost(

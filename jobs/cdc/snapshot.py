@@ -14,24 +14,32 @@ so the tail replays every change after B, each key taking its last change (full 
 changed after B ends as its last change, a key not changed after B was read as it is at B. So the
 table converges to the source however the chunks and the writes interleave.
 
-**Resume.** Chunks are appended to a staging table (`<target>__cdc_snapshot`), each commit carrying
-B, the last key read and the counts (`lakehouse.cdc.snapshot`). A job killed mid-snapshot resumes
-after the last committed chunk with the same B (if the source still has B's binlog; otherwise it
-starts over). The last step replaces the target's rows with the staging table's in one commit that
-stores B (readers see the old table, or none, until then) and drops the staging table.
+**Resume.** Chunks are appended to a staging table (`<target>__cdc_snapshot_<id>`), each commit
+carrying B, the last key read and the counts (`lakehouse.cdc.snapshot`). A job killed mid-snapshot
+resumes after the last committed chunk with the same B (if the source still has B's binlog;
+otherwise it starts over). Reading the next chunks overlaps with writing the previous ones.
+
+**Publish.** A target that does not exist yet becomes the staging table, renamed (no copy), then
+stores B in a commit of its own. An existing target (a `--resync`) gets the staging table's rows in
+one overwrite commit that stores B (readers see the old table until then); the staging table is
+dropped. Each staging table has a name (and so a directory) of its own, so a later one never shares
+the directory of a table it became.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import queue
+import threading
 import time
+import uuid
 from dataclasses import dataclass
 
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from jobs.cdc import source_db, target_table
+from jobs.cdc import position_commit, source_db, target_table
 from jobs.cdc.apply_changes import arrow_column, arrow_frame
 from jobs.cdc.binlog_reader import BinlogPosition
 from jobs.cdc.schema_mapping import spark_schema
@@ -91,8 +99,18 @@ def _key_value(value: object) -> object:
     return value
 
 
-def staging_table(target: str) -> str:
-    return target + STAGING_SUFFIX
+def new_staging_table(target: str) -> str:
+    return f"{target}{STAGING_SUFFIX}_{uuid.uuid4().hex[:8]}"
+
+
+def staging_tables(spark, target: str) -> list[str]:
+    """The staging tables of `target`'s snapshots (normally none, or one being filled)."""
+    catalog_namespace, _, name = target.rpartition(".")
+    prefix = f"{name}{STAGING_SUFFIX}_".lower()
+    rows = spark.sql(f"SHOW TABLES IN {catalog_namespace}").collect()
+    return sorted(
+        f"{catalog_namespace}.{r['tableName']}" for r in rows if r["tableName"].lower().startswith(prefix)
+    )
 
 
 def schema_matches(spark, target: str, source: SourceTable) -> bool:
@@ -112,23 +130,26 @@ def _frame(spark, source: SourceTable, rows: list[tuple]):
     return arrow_frame(spark, pa.Table.from_arrays(arrays, names=[n for n, _ in columns]), schema)
 
 
-def _resumable(spark, conn, staging: str, source: SourceTable, binlog_alive) -> SnapshotProgress | None:
-    """The progress of an interrupted snapshot into `staging`, if it can go on."""
-    if not target_table.table_exists(spark, staging):
-        return None
-    stored = read_progress(spark, staging, PROGRESS_KEY)
-    problem = None
-    if stored is None:
-        problem = "it stored no progress"
-    elif not schema_matches(spark, staging, source):
-        problem = "the source table's columns changed since"
-    else:
-        progress = SnapshotProgress.from_json(stored)
-        problem = binlog_alive(progress.position)
-        if problem is None:
-            return progress
-    log.warning("%s: an interrupted snapshot cannot be resumed (%s); starting over", staging, problem)
-    spark.sql(f"DROP TABLE {staging} PURGE")
+def _resumable(spark, target: str, source: SourceTable, binlog_alive) -> tuple[str, SnapshotProgress] | None:
+    """The staging table and progress of an interrupted snapshot of `target`, if it can go on;
+    staging tables it cannot go on with are dropped."""
+    for staging in reversed(staging_tables(spark, target)):
+        stored = read_progress(spark, staging, PROGRESS_KEY)
+        problem = None
+        if stored is None:
+            problem = "it stored no progress"
+        elif not schema_matches(spark, staging, source):
+            problem = "the source table's columns changed since"
+        else:
+            progress = SnapshotProgress.from_json(stored)
+            problem = binlog_alive(progress.position)
+            if problem is None:
+                for other in staging_tables(spark, target):
+                    if other != staging:
+                        spark.sql(f"DROP TABLE {other} PURGE")
+                return staging, progress
+        log.warning("%s: an interrupted snapshot cannot be resumed (%s); dropped", staging, problem)
+        spark.sql(f"DROP TABLE {staging} PURGE")
     return None
 
 
@@ -148,9 +169,9 @@ def snapshot_table(
     an interrupted snapshot resumes only from a position the source still has."""
     source = source_db.describe_table(conn, source_schema, source_name)
     columns = [(c.name, c.spark_type) for c in source.columns]  # UnsupportedType before any write
-    staging = staging_table(target)
-    progress = _resumable(spark, conn, staging, source, binlog_alive)
-    if progress is not None:
+    resumable = _resumable(spark, target, source, binlog_alive)
+    if resumable is not None:
+        staging, progress = resumable
         log.info(
             "snapshot %s: resuming after %d rows in %d chunks (position %s)",
             source.qualified, progress.rows, progress.chunks, progress.position,
@@ -158,6 +179,7 @@ def snapshot_table(
     else:
         position = BinlogPosition(*source_db.master_position(conn))
         source_db.write_barrier(conn)  # everything up to `position` is now visible to the reads
+        staging = new_staging_table(target)
         target_table.create_iceberg_table(spark, staging, columns, source.key)
         progress = SnapshotProgress(position, None, 0, 0)
     began = time.monotonic()
@@ -174,15 +196,48 @@ def snapshot_table(
 def drop_finished_staging(spark, target: str, stored: BinlogPosition) -> None:
     """A staging table left by a snapshot that was published (a kill -9 before the drop) goes; one
     of an interrupted `--resync` stays, for the next `--resync` to resume."""
-    staging = staging_table(target)
-    if not target_table.table_exists(spark, staging):
-        return
-    value = read_progress(spark, staging, PROGRESS_KEY)
-    if value is None or SnapshotProgress.from_json(value).position.order <= stored.order:
-        spark.sql(f"DROP TABLE {staging} PURGE")
-        log.info("%s: dropped the staging table of a finished snapshot", staging)
-    else:
-        log.warning("%s: an interrupted re-snapshot of %s is waiting; `--resync` resumes it", staging, target)
+    for staging in staging_tables(spark, target):
+        value = read_progress(spark, staging, PROGRESS_KEY)
+        if value is None or SnapshotProgress.from_json(value).position.order <= stored.order:
+            spark.sql(f"DROP TABLE {staging} PURGE")
+            log.info("%s: dropped the staging table of a finished snapshot", staging)
+        else:
+            log.warning(
+                "%s: an interrupted re-snapshot of %s is waiting; `--resync` resumes it", staging, target
+            )
+
+
+_READ_AHEAD = 2  # chunks read while the previous ones are written
+
+
+def _read_ahead(conn, source: SourceTable, after, chunk_rows: int, stop: threading.Event) -> queue.Queue:
+    """Read chunks in a thread of their own (the driver's reading overlaps Spark's writing); the
+    queue yields (rows, last key, done) and, if a read fails, the exception."""
+    chunks: queue.Queue = queue.Queue(maxsize=_READ_AHEAD)
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                chunks.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        key = after
+        try:
+            while not stop.is_set():
+                rows, last = source_db.read_chunk(conn, source, key, chunk_rows)
+                done = len(rows) < chunk_rows
+                if not put((rows, last, done)) or done:
+                    return
+                key = last
+        except Exception as exc:  # noqa: BLE001 - handed to the writing thread, which raises it
+            put(exc)
+
+    threading.Thread(target=read, name="cdc-snapshot-read", daemon=True).start()
+    return chunks
 
 
 def _copy_chunks(
@@ -198,18 +253,25 @@ def _copy_chunks(
     began, rows_at_start = time.monotonic(), progress.rows
     pending: list[tuple] = []
     after, chunks, done = progress.after, progress.chunks, False
-    while not done:
-        rows, last = source_db.read_chunk(conn, source, after, chunk_rows)
-        done = len(rows) < chunk_rows
-        pending += rows
-        chunks += 1
-        after = last if last is not None else after
-        if len(pending) >= commit_rows or (done and pending):
-            progress = SnapshotProgress(progress.position, after, progress.rows + len(pending), chunks)
-            _append(spark, source, staging, pending, progress)
-            pending = []
-            crash_point("cdc.snapshot-commit")
-            _log_progress(source, progress, estimate, began, rows_at_start, done)
+    stop = threading.Event()
+    reads = _read_ahead(conn, source, after, chunk_rows, stop)
+    try:
+        while not done:
+            item = reads.get()
+            if isinstance(item, Exception):
+                raise item
+            rows, last, done = item
+            pending += rows
+            chunks += 1
+            after = last if last is not None else after
+            if len(pending) >= commit_rows or (done and pending):
+                progress = SnapshotProgress(progress.position, after, progress.rows + len(pending), chunks)
+                _append(spark, source, staging, pending, progress)
+                pending = []
+                crash_point("cdc.snapshot-commit")
+                _log_progress(source, progress, estimate, began, rows_at_start, done)
+    finally:
+        stop.set()
     return progress
 
 
@@ -251,8 +313,16 @@ def _log_progress(
 
 
 def _publish(spark, source: SourceTable, staging: str, target: str, progress: SnapshotProgress) -> None:
-    """Replace the target's rows with the staging table's in one commit storing B; drop staging."""
-    target_table.create_table(spark, target, source.columns, source.key)
+    """Make the staging table's rows the target's, storing B with them; the staging table goes."""
+    if not target_table.table_exists(spark, target):
+        # Nothing to replace: the staging table becomes the target (no copy), then stores B.
+        # The new name is within the same catalog: `namespace.table` (a catalog part would be read
+        # as a namespace).
+        spark.sql(f"ALTER TABLE {staging} RENAME TO {target.split('.', 1)[1]}")
+        crash_point("cdc.snapshot-renamed")
+        position_commit.commit_progress_only(spark, target, {POSITION_KEY: progress.position.to_json()})
+        target_table.configure_table(spark, target, source.key)
+        return
     replace = not schema_matches(spark, target, source)
     frame = spark.table(staging)
     options = writer_options({POSITION_KEY: progress.position.to_json()})
