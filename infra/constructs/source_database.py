@@ -30,7 +30,18 @@ MYSQL_PORT = 3306
 ADMIN_USER = "lakehouse_admin"
 CDC_USER = "cdc_user"
 BINLOG_RETENTION_HOURS = 24
+
+
 # What the CDC reader needs from the server (see ENVIRONMENT.md "binlog"), and TLS for every client.
+def seed_version() -> str:
+    """A fingerprint of what the seeding runs (its statements and the handler)."""
+    import hashlib
+
+    handler = Path(__file__).resolve().parents[1] / "lambdas" / "seed_source_db" / "handler.py"
+    digest = hashlib.sha256(Path(seed_data.__file__).read_bytes() + handler.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 SERVER_PARAMETERS = {
     "binlog_format": "ROW",
     "binlog_row_image": "FULL",
@@ -270,6 +281,9 @@ class SourceDatabase(Construct):
                 "AdminSecretArn": self.admin_secret.secret_arn,
                 "CdcSecretArn": self.cdc_secret.secret_arn,
                 "BinlogRetentionHours": str(BINLOG_RETENTION_HOURS),
+                # A changed seed (a new grant, CDC's barrier table) runs the idempotent seeding
+                # again on the next deploy; unchanged properties would not call the handler.
+                "SeedVersion": seed_version(),
             },
         )
         self.seed.node.add_dependency(self.instance)

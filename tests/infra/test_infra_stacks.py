@@ -8,6 +8,7 @@ import json
 from aws_cdk.assertions import Match
 from cfn import as_list
 
+from infra.constructs.source_database import seed_version
 from jobs.config import (
     CATALOG_NAME,
     CLICK_TOPIC,
@@ -305,6 +306,8 @@ def test_admin_and_cdc_secrets_are_generated_and_seeding_runs_in_vpc(synthesized
             "AdminSecretArn": Match.any_value(),
             "CdcSecretArn": Match.any_value(),
             "BinlogRetentionHours": "24",
+            # A changed seed (CDC's grants, its barrier table) re-runs the seeding on deploy.
+            "SeedVersion": seed_version(),
         },
     )
     template.has_resource_properties(
