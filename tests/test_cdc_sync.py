@@ -977,42 +977,78 @@ def stored_position_or_none(spark, target: str):
     return stored(spark, target)
 
 
-def test_write_between_snapshot_position_and_read_is_not_lost(
+def test_a_write_to_rows_already_read_is_not_lost(
     spark, app_conn, local_stack, secrets, make_sync, monkeypatch
 ) -> None:
+    """After the first chunk is read, its rows are changed, one deleted and keys inserted into its
+    range: no later read sees them, only the tail replaying from the snapshot's position can."""
     from jobs.cdc import snapshot
     from lakehouse.local.mariadb import APP_USER
 
     name = "cdc_test_snapshot_gap"
     pair = fresh_test_table(spark, app_conn, name)
     seed_rows(app_conn, name, 100)
-    real_barrier = snapshot.source_db.write_barrier
-    writes: list[str] = []
+    real_read_chunk = snapshot.source_db.read_chunk
+    writes: list[tuple] = []
 
-    def write_before_the_barrier(conn):
-        # Committed after the snapshot's position was read, before its barrier and its reads.
-        writes.append(name)
-        writer = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
-        try:
-            with writer.cursor() as cur:
-                cur.execute(f"UPDATE {name} SET qty = -1, note = 'between' WHERE id < 'k00010'")
-                cur.execute(f"DELETE FROM {name} WHERE id = 'k00050'")
-                cur.execute(f"INSERT INTO {name} (id, name) VALUES ('between', 'x'), ('between2', 'y')")
-            writer.commit()
-        finally:
-            writer.close()
-        return real_barrier(conn)
+    def write_behind_the_reads(conn, table, after, rows):
+        if after is not None and not writes:  # the second read: the first chunk is read
+            writes.append(after)
+            writer = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
+            try:
+                with writer.cursor() as cur:
+                    cur.execute(f"UPDATE {name} SET qty = -1, note = 'behind' WHERE id < 'k00010'")
+                    cur.execute(f"DELETE FROM {name} WHERE id = 'k00005'")
+                    cur.execute(f"INSERT INTO {name} (id, name) VALUES ('k00000a', 'x'), ('k00001a', 'y')")
+                writer.commit()
+            finally:
+                writer.close()
+        return real_read_chunk(conn, table, after, rows)
 
-    monkeypatch.setattr(snapshot.source_db, "write_barrier", write_before_the_barrier)
-    sync = make_sync(pair)
-    monkeypatch.setattr(snapshot.source_db, "write_barrier", real_barrier)
-    assert writes == [name], "the writes between the snapshot's position and its read never ran"
+    monkeypatch.setattr(snapshot.source_db, "read_chunk", write_behind_the_reads)
+    sync = make_sync(pair, chunk_rows=20)
+    monkeypatch.setattr(snapshot.source_db, "read_chunk", real_read_chunk)
+    assert writes == [("k00019",)], "the writes behind the reads never ran"
     catch_up(sync)
     # 100 seeded - 1 deleted + 2 inserted: the count and the rows differ if the writes were lost.
     assert assert_converged(spark, app_conn, name) == 101
     lake = {r.id: r.qty for r in spark.table(f"lakehouse.dim_db.{name}").collect()}
-    assert "k00050" not in lake and {"between", "between2"} <= lake.keys()
-    assert [lake[f"k{i:05d}"] for i in range(10)] == [-1] * 10
+    assert "k00005" not in lake and {"k00000a", "k00001a"} <= lake.keys()
+    assert [lake[f"k{i:05d}"] for i in range(10) if i != 5] == [-1] * 9
+
+
+def test_a_type_change_made_while_cdc_was_away_re_snapshots(spark, app_conn, make_sync) -> None:
+    """MySQL cut the values (VARCHAR(64) -> VARCHAR(3), non-strict mode) while no CDC job ran; on
+    restart the source's columns are read after the statement, so its replay cannot trust them."""
+    name = "cdc_test_ddl_away"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 20)
+    make_sync(pair).close()
+    with app_conn.cursor() as cur:
+        cur.execute("SET SESSION sql_mode = ''")
+        cur.execute(f"ALTER TABLE {name} MODIFY name VARCHAR(3) NOT NULL")
+    app_conn.commit()
+    sync = make_sync(pair)
+    catch_up(sync)
+    assert not sync.errors
+    assert assert_converged(spark, app_conn, name) == 20
+
+
+def test_a_dropped_column_added_again_re_snapshots(spark, app_conn, make_sync) -> None:
+    name = "cdc_test_ddl_readd"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 10)
+    sync = make_sync(pair)
+    with app_conn.cursor() as cur:
+        cur.execute(f"UPDATE {name} SET note = 'old note'")
+        cur.execute(f"ALTER TABLE {name} DROP COLUMN note")
+        cur.execute(f"ALTER TABLE {name} ADD COLUMN note VARCHAR(20) DEFAULT NULL")
+        cur.execute(f"UPDATE {name} SET note = 'new' WHERE id = 'k00001'")
+    app_conn.commit()
+    catch_up(sync)
+    assert not sync.errors
+    # Without the re-snapshot the nine rows not changed since would still read 'old note'.
+    assert assert_converged(spark, app_conn, name) == 10
 
 
 class _DropAfterSavepoint:

@@ -602,3 +602,54 @@ def test_evolve_plans_each_change_and_stops_on_what_iceberg_cannot_follow() -> N
     assert plan(add, "ignore", source, target, ("id",)).actions == []
     assert plan(add, "ignore", source, target, ("id",)).resnapshot is None
     assert plan(add, "evolve", source, target, ("id",)).resnapshot
+
+
+def test_a_later_clause_sees_the_names_an_earlier_one_gave() -> None:
+    """`CHANGE qty quantity VARCHAR(10)` renames, then retypes the renamed column: the type check
+    must find it under its new name (int -> string cannot be promoted: stop)."""
+    from jobs.cdc.ddl import classify as parse
+    from jobs.cdc.schema_policy import plan
+
+    source = {"id": _col("id", "int"), "qty": _col("qty", "int"), "price": _col("price", "decimal(10,4)")}
+    target = {"id": "int", "qty": "int", "price": "decimal(10,4)"}
+    to_text = parse("ALTER TABLE t CHANGE qty quantity VARCHAR(10)").column_changes
+    assert "cannot promote" in plan(to_text, "evolve", source, target, ("id",)).stop
+    rounded = parse("ALTER TABLE t CHANGE price cost DECIMAL(12,4), CHANGE qty amount INT(11)").column_changes
+    planned = plan(rounded, "evolve", source, target, ("id",))
+    assert [(a.kind, a.name) for a in planned.actions] == [
+        ("rename", "price"),
+        ("promote", "cost"),
+        ("rename", "qty"),
+    ]
+    assert planned.stop is None and planned.resnapshot is None
+
+
+def test_a_name_the_lake_kept_for_a_dropped_column_re_snapshots() -> None:
+    from jobs.cdc.ddl import classify as parse
+    from jobs.cdc.schema_policy import plan
+
+    source = {"id": _col("id", "int"), "a": _col("a", "int")}
+    target = {"id": "int", "a": "int", "b": "string"}  # b: dropped in the source, kept in the lake
+    assert plan(
+        parse("ALTER TABLE t ADD COLUMN b INT").column_changes, "evolve", source, target, ("id",)
+    ).resnapshot
+    renamed = plan(
+        parse("ALTER TABLE t RENAME COLUMN a TO b").column_changes, "evolve", source, target, ("id",)
+    )
+    assert renamed.resnapshot and renamed.actions == []
+    same_statement = parse("ALTER TABLE t DROP COLUMN a, ADD COLUMN a VARCHAR(5)").column_changes
+    assert plan(same_statement, "evolve", source, target, ("id",)).resnapshot
+    case_only = parse("ALTER TABLE t RENAME COLUMN a TO A").column_changes
+    assert "letter case" in plan(case_only, "evolve", source, target, ("id",)).stop
+
+
+def test_a_type_change_against_columns_read_later_re_snapshots() -> None:
+    """After a restart the source's columns were read after the statement: widening or not, the
+    values may have been rewritten while CDC was away."""
+    from jobs.cdc.ddl import classify as parse
+    from jobs.cdc.schema_policy import plan
+
+    widen = parse("ALTER TABLE t MODIFY qty BIGINT").column_changes
+    source, target = {"qty": _col("qty", "bigint")}, {"qty": "int"}
+    assert plan(widen, "evolve", source, target, ("id",), exact=True).resnapshot is None
+    assert plan(widen, "evolve", source, target, ("id",), exact=False).resnapshot

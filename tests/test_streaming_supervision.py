@@ -143,3 +143,10 @@ def test_the_application_stops_its_maintenance_with_the_jobs_and_reports_it(tmp_
     written = json.loads((tmp_path / "status.json").read_text())
     assert written["maintenance"]["state"] == "stopped"
     assert written["maintenance"]["every_seconds"] == 0.05
+
+
+def test_maintenance_knows_the_cdc_staging_tables_by_name() -> None:
+    from jobs.cdc.snapshot import STAGING_SUFFIX
+    from jobs.streaming.maintenance import STAGING_MARK
+
+    assert STAGING_MARK == STAGING_SUFFIX + "_"

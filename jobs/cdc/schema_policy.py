@@ -13,8 +13,14 @@
     or incompatible change (decimal scale, int -> varchar, ...) stops the table with the fix.
 - `strict`: any column change stops the table (the lake schema changes only by a `--resync`).
 - `ignore`: the lake schema never changes: added columns are not synced, a dropped or renamed
-  column reads NULL in rows changed afterwards. An incompatible type change still stops the table
-  (its values could not be stored).
+  column reads NULL in rows changed afterwards, a type change is not followed (values MySQL
+  rewrote without row events stay as they were until their rows change). An incompatible type
+  change still stops the table (its values could not be stored).
+
+A name the lake still holds for a dropped column, added or renamed onto again, re-snapshots the
+table (the old values would otherwise stay in rows that never change). A rename that only changes
+letter case stops the table. Where the source's column types before a statement are not known (the
+job started after it: they were read later), a type change re-snapshots rather than trust them.
 
 Under every policy, a change to a primary-key column stops the table (the MERGE key would change).
 """
@@ -100,13 +106,20 @@ def plan(
     source_columns: dict[str, SourceColumn],
     target_types: dict[str, str],
     key: tuple[str, ...],
+    exact: bool = True,
 ) -> Plan:
-    """What to do on the Iceberg table for `changes`. `source_columns` / `target_types` are keyed by
-    lower-case name as they were before the statement; `key` is the primary key."""
+    """What to do on the Iceberg table for `changes`, clause after clause (a later clause sees the
+    names an earlier one gave). `source_columns` / `target_types` are keyed by lower-case name as
+    they were before the statement (a lake column the source lacks is one it dropped). `exact`:
+    whether `source_columns` are the source's columns as of this statement (else they were read
+    later, and a type change is assumed to have rewritten values)."""
     result = Plan()
     keys = {k.lower() for k in key}
+    source, lake = dict(source_columns), dict(target_types)
     for change in changes:
-        if change.name.lower() in keys:
+        name = change.name.lower()
+        new_name = (change.new_name or "").lower()
+        if name in keys or new_name in keys:
             result.stop = f"it changes the primary key column `{change.name}`"
             return result
         if policy == "strict":
@@ -114,27 +127,52 @@ def plan(
             return result
         if change.kind == "add":
             if policy == "evolve":
-                result.actions.append(Action("add", change.name, column=change.column))
-                if change.fills_existing_rows:
-                    result.resnapshot = f"the added column `{change.name}` filled the existing rows"
+                if name in lake:
+                    # The lake still holds a dropped column of that name, with its old values.
+                    result.resnapshot = f"`{change.name}` was added again while the lake kept its old values"
+                else:
+                    try:
+                        lake[name] = change.column.spark_type
+                    except UnsupportedType as exc:
+                        result.stop = f"{exc}; change that column's type (or drop it)"
+                        return result
+                    result.actions.append(Action("add", change.name, column=change.column))
+                    if change.fills_existing_rows:
+                        result.resnapshot = f"the added column `{change.name}` filled the existing rows"
+            source[name] = change.column
+        elif change.kind == "drop":
+            source.pop(name, None)  # the lake keeps the column
         elif change.kind == "rename":
             if policy == "evolve":
-                result.actions.append(Action("rename", change.name, new_name=change.new_name))
+                if new_name == name:
+                    result.stop = f"renaming `{change.name}` to `{change.new_name}` changes only letter case"
+                    return result
+                if new_name in lake:
+                    result.resnapshot = (
+                        f"`{change.name}` was renamed onto `{change.new_name}`, which the lake kept"
+                    )
+                elif name in lake:
+                    result.actions.append(Action("rename", change.name, new_name=change.new_name))
+                    lake[new_name] = lake.pop(name)
+            if name in source:
+                old = source.pop(name)
+                source[new_name] = SourceColumn(change.new_name, old.column_type, old.nullable)
         elif change.kind == "retype":
-            stop, resnapshot, promote = _retype(change, source_columns, target_types)
+            stop, resnapshot, promote = _retype(change, source, lake, exact)
             if stop is not None:
                 result.stop = stop
                 return result
             if policy == "evolve":
                 if promote:
                     result.actions.append(Action("promote", change.name, column=change.column))
+                    lake[name] = change.column.spark_type
                 result.resnapshot = result.resnapshot or resnapshot
-        # "drop": the Iceberg column stays under every policy
+            source[name] = change.column
     return result
 
 
 def _retype(
-    change: ColumnChange, source_columns: dict[str, SourceColumn], target_types: dict[str, str]
+    change: ColumnChange, source_columns: dict[str, SourceColumn], target_types: dict[str, str], exact: bool
 ) -> tuple[str | None, str | None, bool]:
     """(why it stops, why it re-snapshots, whether the Iceberg type is promoted)."""
     new = change.column
@@ -153,7 +191,7 @@ def _retype(
             False,
         )
     old = source_columns.get(change.name.lower())
-    rewritten = old is None or not preserves_values(old, new)
+    rewritten = not exact or old is None or not preserves_values(old, new)
     why = (
         f"`{change.name}` became {new.column_type}: MySQL may have rewritten its values"
         if rewritten

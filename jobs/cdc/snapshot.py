@@ -131,26 +131,35 @@ def _frame(spark, source: SourceTable, rows: list[tuple]):
 
 
 def _resumable(spark, target: str, source: SourceTable, binlog_alive) -> tuple[str, SnapshotProgress] | None:
-    """The staging table and progress of an interrupted snapshot of `target`, if it can go on;
-    staging tables it cannot go on with are dropped."""
-    for staging in reversed(staging_tables(spark, target)):
+    """The staging table and progress of an interrupted snapshot of `target`, if one can go on (the
+    newest, if a crash left several); every other staging table is dropped."""
+    candidates = []
+    for staging in staging_tables(spark, target):
         stored = read_progress(spark, staging, PROGRESS_KEY)
-        problem = None
-        if stored is None:
-            problem = "it stored no progress"
-        elif not schema_matches(spark, staging, source):
-            problem = "the source table's columns changed since"
+        progress = SnapshotProgress.from_json(stored) if stored is not None else None
+        problem = (
+            "it stored no progress"
+            if progress is None
+            else "the source table's columns changed since"
+            if not schema_matches(spark, staging, source)
+            else binlog_alive(progress.position)
+        )
+        if problem is None:
+            candidates.append((progress.position.order, staging, progress))
         else:
-            progress = SnapshotProgress.from_json(stored)
-            problem = binlog_alive(progress.position)
-            if problem is None:
-                for other in staging_tables(spark, target):
-                    if other != staging:
-                        spark.sql(f"DROP TABLE {other} PURGE")
-                return staging, progress
-        log.warning("%s: an interrupted snapshot cannot be resumed (%s); dropped", staging, problem)
-        spark.sql(f"DROP TABLE {staging} PURGE")
-    return None
+            log.warning("%s: an interrupted snapshot cannot be resumed (%s); dropped", staging, problem)
+            spark.sql(f"DROP TABLE {staging} PURGE")
+    candidates.sort(key=lambda c: c[0])
+    for _, older, _ in candidates[:-1]:
+        spark.sql(f"DROP TABLE {older} PURGE")
+    return (candidates[-1][1], candidates[-1][2]) if candidates else None
+
+
+@dataclass(frozen=True)
+class SnapshotResult:
+    position: BinlogPosition  # B, stored with the table
+    source: SourceTable  # the source table as described for the snapshot
+    described_before_position: bool  # `source` is the shape at B (False for a resumed snapshot)
 
 
 def snapshot_table(
@@ -162,13 +171,18 @@ def snapshot_table(
     binlog_alive=lambda position: None,
     chunk_rows: int = CHUNK_ROWS,
     commit_rows: int = COMMIT_ROWS,
-) -> BinlogPosition:
+    resume: bool = True,
+) -> SnapshotResult:
     """Load the source table into `target`; returns the position stored with it (B).
 
     `binlog_alive(position)` says why the source can no longer replay from `position` (None: it can);
-    an interrupted snapshot resumes only from a position the source still has."""
+    an interrupted snapshot resumes only from a position the source still has. `resume=False` (a
+    re-snapshot while the binlog reader is already past older positions) always starts afresh."""
     source = source_db.describe_table(conn, source_schema, source_name)
     columns = [(c.name, c.spark_type) for c in source.columns]  # UnsupportedType before any write
+    if not resume:
+        for stale in staging_tables(spark, target):
+            spark.sql(f"DROP TABLE {stale} PURGE")
     resumable = _resumable(spark, target, source, binlog_alive)
     if resumable is not None:
         staging, progress = resumable
@@ -190,7 +204,7 @@ def snapshot_table(
         source.qualified, target, f"{progress.rows:,}", progress.chunks, progress.position,
         time.monotonic() - began,
     )  # fmt: skip
-    return progress.position
+    return SnapshotResult(progress.position, source, described_before_position=resumable is None)
 
 
 def drop_finished_staging(spark, target: str, stored: BinlogPosition) -> None:
@@ -210,7 +224,9 @@ def drop_finished_staging(spark, target: str, stored: BinlogPosition) -> None:
 _READ_AHEAD = 2  # chunks read while the previous ones are written
 
 
-def _read_ahead(conn, source: SourceTable, after, chunk_rows: int, stop: threading.Event) -> queue.Queue:
+def _read_ahead(
+    conn, source: SourceTable, after, chunk_rows: int, stop: threading.Event
+) -> tuple[queue.Queue, threading.Thread]:
     """Read chunks in a thread of their own (the driver's reading overlaps Spark's writing); the
     queue yields (rows, last key, done) and, if a read fails, the exception."""
     chunks: queue.Queue = queue.Queue(maxsize=_READ_AHEAD)
@@ -236,8 +252,9 @@ def _read_ahead(conn, source: SourceTable, after, chunk_rows: int, stop: threadi
         except Exception as exc:  # noqa: BLE001 - handed to the writing thread, which raises it
             put(exc)
 
-    threading.Thread(target=read, name="cdc-snapshot-read", daemon=True).start()
-    return chunks
+    thread = threading.Thread(target=read, name="cdc-snapshot-read", daemon=True)
+    thread.start()
+    return chunks, thread
 
 
 def _copy_chunks(
@@ -254,7 +271,7 @@ def _copy_chunks(
     pending: list[tuple] = []
     after, chunks, done = progress.after, progress.chunks, False
     stop = threading.Event()
-    reads = _read_ahead(conn, source, after, chunk_rows, stop)
+    reads, reader = _read_ahead(conn, source, after, chunk_rows, stop)
     try:
         while not done:
             item = reads.get()
@@ -272,6 +289,8 @@ def _copy_chunks(
                 _log_progress(source, progress, estimate, began, rows_at_start, done)
     finally:
         stop.set()
+        # The connection is the caller's again only once the read in flight (one chunk) is over.
+        reader.join(timeout=120)
     return progress
 
 

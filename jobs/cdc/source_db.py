@@ -207,7 +207,7 @@ def mariadb_gtid_state(conn: pymysql.Connection) -> str:
 # SELECT, INSERT, UPDATE on it to the CDC user, on RDS and locally alike; a test keeps the names equal).
 SNAPSHOT_BARRIER = "lakehouse_meta.cdc_snapshot_barrier"
 # pymysql error numbers that mean the barrier table is missing or not writable by this user.
-_BARRIER_REFUSALS = frozenset({1044, 1049, 1142, 1146})
+_BARRIER_REFUSALS = frozenset({1044, 1049, 1142, 1143, 1146, 1290})  # 1290: read-only server
 
 
 def write_barrier(conn: pymysql.Connection) -> None:
@@ -215,8 +215,9 @@ def write_barrier(conn: pymysql.Connection) -> None:
     try:
         with conn.cursor() as cur:
             cur.execute(
+                # Always a change (a row written in the same microsecond would not be one).
                 f"INSERT INTO {SNAPSHOT_BARRIER} (id, written_at) VALUES (1, NOW(6)) "
-                "ON DUPLICATE KEY UPDATE written_at = NOW(6)"
+                "ON DUPLICATE KEY UPDATE written_at = GREATEST(NOW(6), written_at + INTERVAL 1 MICROSECOND)"
             )
     except (pymysql.err.ProgrammingError, pymysql.err.OperationalError) as exc:
         if not exc.args or exc.args[0] not in _BARRIER_REFUSALS:

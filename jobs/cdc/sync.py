@@ -105,11 +105,14 @@ class TableState:
     position: BinlogPosition
     error: str | None = None
     last_commit: float = field(default_factory=time.monotonic)
-    # The source's columns as of `position` (lower-case name -> column): what a type change is from.
+    # The source's columns (lower-case name -> column): what a type change is from. `exact`: they
+    # are as of `position` (described before a snapshot's position), not read later.
     source_columns: dict[str, SourceColumn] = field(default_factory=dict)
+    columns_exact: bool = False
 
-    def track_source(self, columns) -> None:
+    def track_source(self, columns, exact: bool) -> None:
         self.source_columns = {c.name.lower(): c for c in columns}
+        self.columns_exact = exact
 
 
 @dataclass
@@ -230,9 +233,14 @@ class CdcSync(StreamingJob):
         wants_resync = any(spec.matches(name) for name in self.resync)
         if stored is not None and not wants_resync:
             snapshot.drop_finished_staging(self.spark, spec.target, stored)
+        taken = None
         try:
-            position = self._snapshot(conn, spec, is_mariadb) if stored is None or wants_resync else stored
-            source = source_db.describe_table(conn, spec.source_schema, spec.source_name)
+            if stored is None or wants_resync:
+                taken = self._snapshot(conn, spec, is_mariadb, resume=True)
+                position, source = taken.position, taken.source
+            else:
+                position = stored
+                source = source_db.describe_table(conn, spec.source_schema, spec.source_name)
             for column in source.columns:
                 column.spark_type  # noqa: B018 - raises UnsupportedType for a type with no mapping
         except UnsupportedType as exc:
@@ -242,7 +250,8 @@ class CdcSync(StreamingJob):
             return state
         target_table.configure_table(self.spark, spec.target, source.key)
         state = TableState(spec, source.key, target_table.target_columns(self.spark, spec.target), position)
-        state.track_source(source.columns)
+        # The source's columns as of the position only when the snapshot described them before it.
+        state.track_source(source.columns, exact=taken is not None and taken.described_before_position)
         # Only a stored position can be stale; a fresh snapshot's is the source's own.
         problem = None if position is not stored else self._position_problem(conn, position, is_mariadb)
         if problem is not None:
@@ -257,7 +266,9 @@ class CdcSync(StreamingJob):
         gtid_state = source_db.mariadb_gtid_state(conn) if is_mariadb else None
         return position_problem(position, source_db.binary_logs(conn), gtid_state)
 
-    def _snapshot(self, conn: pymysql.Connection, spec: TableSpec, is_mariadb: bool) -> BinlogPosition:
+    def _snapshot(
+        self, conn: pymysql.Connection, spec: TableSpec, is_mariadb: bool, resume: bool
+    ) -> snapshot.SnapshotResult:
         return snapshot.snapshot_table(
             self.spark,
             conn,
@@ -267,6 +278,7 @@ class CdcSync(StreamingJob):
             binlog_alive=lambda position: self._position_problem(conn, position, is_mariadb),
             chunk_rows=self.snapshot_chunk_rows,
             commit_rows=self.snapshot_commit_rows,
+            resume=resume,
         )
 
     # ---- one micro-batch ----------------------------------------------------------------------
@@ -422,6 +434,7 @@ class CdcSync(StreamingJob):
             state.source_columns,
             {name.lower(): kind for name, kind in state.columns},
             state.key,
+            exact=state.columns_exact,
         )
         if planned.stop is not None:
             self._stop_table(
@@ -446,12 +459,13 @@ class CdcSync(StreamingJob):
             )
             return
         for change in ddl.change.column_changes:  # the source's columns after the statement
+            name = change.name.lower()
             if change.kind in ("add", "retype"):
-                state.source_columns[change.name.lower()] = change.column
+                state.source_columns[name] = change.column
             elif change.kind == "drop":
-                state.source_columns.pop(change.name.lower(), None)
-            elif change.kind == "rename" and change.name.lower() in state.source_columns:
-                column = state.source_columns.pop(change.name.lower())
+                state.source_columns.pop(name, None)
+            elif change.kind == "rename" and name in state.source_columns:
+                column = state.source_columns.pop(name)
                 state.source_columns[change.new_name.lower()] = SourceColumn(
                     change.new_name, column.column_type, column.nullable
                 )
@@ -491,10 +505,10 @@ class CdcSync(StreamingJob):
             raise position_commit.other_writer(state.spec.target, stored, state.position)
         conn = self._connect()
         try:
-            state.position = self._snapshot(conn, state.spec, source_db.is_mariadb(conn))
-            state.track_source(
-                source_db.describe_table(conn, state.spec.source_schema, state.spec.source_name).columns
-            )
+            # Never an older interrupted snapshot: the reader has already delivered what lies between.
+            taken = self._snapshot(conn, state.spec, source_db.is_mariadb(conn), resume=False)
+            state.position = taken.position
+            state.track_source(taken.source.columns, exact=taken.described_before_position)
         finally:
             conn.close()
         state.columns = target_table.target_columns(self.spark, state.spec.target)

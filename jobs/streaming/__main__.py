@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # A run --until-idle ends when the sources are drained: no time for maintenance.
     maintenance = (
-        PeriodicMaintenance(spark, config, minutes * 60, StopRequest())
+        PeriodicMaintenance(spark, config, minutes * 60, stop)  # SIGTERM: no new run, no next table
         if minutes > 0 and not options.mode.until_idle
         else None
     )

@@ -25,6 +25,7 @@ from jobs.maintain.job import MaintainSettings, TableReport, lake_tables, mainta
 log = logging.getLogger("streaming.maintenance")
 
 POOL = "maintain"
+STAGING_MARK = "__cdc_snapshot_"  # jobs/cdc/snapshot.py's staging tables (by name: no import of cdc)
 # Snapshots accrue about one a second per streaming table: keep 5 minutes of time travel locally
 # (the hourly step on AWS keeps an hour), so each table's metadata stays small for every reader.
 IN_APP_SETTINGS = MaintainSettings(retain_hours=5 / 60, skip_orphans=True)
@@ -96,15 +97,17 @@ class PeriodicMaintenance:
         self.status.state, self.status.last_started_at = "running", time.time()
         began = time.monotonic()
         try:
-            tables = lake_tables(self.spark, self.config.catalog.name)
+            # A CDC snapshot's staging table is being filled, renamed or dropped: not ours to touch.
+            tables = [t for t in lake_tables(self.spark, self.config.catalog.name) if STAGING_MARK not in t]
             reports = self._maintain(
                 self.spark, self.config, tables, IN_APP_SETTINGS, should_stop=lambda: self.stop.requested
             )
             self.status.tables, self.status.errors = _summary(reports)
+            removed = dict(self.status.data_files_removed)  # a new dict: the status is read meanwhile
             for table, counts in self.status.tables.items():
                 before, after = counts["data_files"]
-                removed = self.status.data_files_removed.get(table, 0) + max(0, before - after)
-                self.status.data_files_removed[table] = removed
+                removed[table] = removed.get(table, 0) + max(0, before - after)
+            self.status.data_files_removed = removed
         except Exception as exc:  # noqa: BLE001 - the jobs go on; the next interval tries again
             log.exception("table maintenance failed; next try in %.0f s", self.status.every_seconds)
             self.status.tables, self.status.errors = {}, [f"{type(exc).__name__}: {str(exc)[:300]}"]
