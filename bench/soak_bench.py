@@ -23,6 +23,7 @@ from pathlib import Path
 
 from bench.lake_visibility import CLICKS, Record, click_commits, latencies, views_commits
 from bench.private_stack import percentiles, private_stack, row
+from jobs.config import LOCAL_STREAMING_MAINTENANCE_MINUTES
 
 RATE = 200
 TARGET_CLICK_P95 = 3.0
@@ -70,12 +71,13 @@ def _soak(
     )
     work = Path(tempfile.mkdtemp(prefix="soak-"))
     rows, first_p95, sent, maintained_at = [], None, 0, 0
+    minutes = float(maintain_minutes) if maintain_minutes else LOCAL_STREAMING_MAINTENANCE_MINUTES
     label = ("" if retention else " (no retention)") + (
         f" (maintain every {maintain_every:,})"
         if maintain_every
-        else f" (in-app maintenance every {maintain_minutes} min)"
-        if maintain_minutes
-        else ""
+        else f" (in-app maintenance every {minutes:g} min)"
+        if minutes
+        else " (no maintenance)"
     )
     try:
         wait_running(status_file, processes, timeout=300)
