@@ -107,6 +107,8 @@ def staging_tables(spark, target: str) -> list[str]:
     """The staging tables of `target`'s snapshots (normally none, or one being filled)."""
     catalog_namespace, _, name = target.rpartition(".")
     prefix = f"{name}{STAGING_SUFFIX}_".lower()
+    if not spark.catalog.databaseExists(catalog_namespace):
+        return []
     rows = spark.sql(f"SHOW TABLES IN {catalog_namespace}").collect()
     return sorted(
         f"{catalog_namespace}.{r['tableName']}" for r in rows if r["tableName"].lower().startswith(prefix)
