@@ -53,6 +53,8 @@ class Plan:
     actions: list[Action] = field(default_factory=list)
     resnapshot: str | None = None  # why the table must be re-read
     stop: str | None = None  # why the table stops
+    # The source's columns after the statement (lower-case name -> column), whatever the policy.
+    source_columns: dict[str, SourceColumn] = field(default_factory=dict)
 
 
 def iceberg_promotable(old: str, new: str) -> bool:
@@ -168,6 +170,7 @@ def plan(
                     lake[name] = change.column.spark_type
                 result.resnapshot = result.resnapshot or resnapshot
             source[name] = change.column
+    result.source_columns = source
     return result
 
 

@@ -132,13 +132,17 @@ def _frame(spark, source: SourceTable, rows: list[tuple]):
     return arrow_frame(spark, pa.Table.from_arrays(arrays, names=[n for n, _ in columns]), schema)
 
 
+def _stored_progress(spark, staging: str) -> SnapshotProgress | None:
+    stored = read_progress(spark, staging, PROGRESS_KEY)
+    return SnapshotProgress.from_json(stored) if stored is not None else None
+
+
 def _resumable(spark, target: str, source: SourceTable, binlog_alive) -> tuple[str, SnapshotProgress] | None:
     """The staging table and progress of an interrupted snapshot of `target`, if one can go on (the
     newest, if a crash left several); every other staging table is dropped."""
     candidates = []
     for staging in staging_tables(spark, target):
-        stored = read_progress(spark, staging, PROGRESS_KEY)
-        progress = SnapshotProgress.from_json(stored) if stored is not None else None
+        progress = _stored_progress(spark, staging)
         problem = (
             "it stored no progress"
             if progress is None
@@ -213,8 +217,8 @@ def drop_finished_staging(spark, target: str, stored: BinlogPosition) -> None:
     """A staging table left by a snapshot that was published (a kill -9 before the drop) goes; one
     of an interrupted `--resync` stays, for the next `--resync` to resume."""
     for staging in staging_tables(spark, target):
-        value = read_progress(spark, staging, PROGRESS_KEY)
-        if value is None or SnapshotProgress.from_json(value).position.order <= stored.order:
+        progress = _stored_progress(spark, staging)
+        if progress is None or progress.position.order <= stored.order:
             spark.sql(f"DROP TABLE {staging} PURGE")
             log.info("%s: dropped the staging table of a finished snapshot", staging)
         else:

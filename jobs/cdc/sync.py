@@ -443,32 +443,14 @@ class CdcSync(StreamingJob):
                 f"{resync_hint(state.spec)}",
             )
             return
-        try:
-            for action in planned.actions:
-                if action.kind == "add":
-                    target_table.add_columns(self.spark, target, (action.column,))
-                elif action.kind == "rename":
-                    target_table.rename_column(self.spark, target, action.name, action.new_name)
-                elif action.kind == "promote":
-                    target_table.promote_column(self.spark, target, action.name, action.column.spark_type)
-        except UnsupportedType as exc:
-            self._stop_table(
-                state,
-                f"sync stopped at {ddl.end}: `{statement}` on {state.spec.source}: {exc}; change that "
-                f"column's type (or drop it), then {resync_hint(state.spec)}",
-            )
-            return
-        for change in ddl.change.column_changes:  # the source's columns after the statement
-            name = change.name.lower()
-            if change.kind in ("add", "retype"):
-                state.source_columns[name] = change.column
-            elif change.kind == "drop":
-                state.source_columns.pop(name, None)
-            elif change.kind == "rename" and name in state.source_columns:
-                column = state.source_columns.pop(name)
-                state.source_columns[change.new_name.lower()] = SourceColumn(
-                    change.new_name, column.column_type, column.nullable
-                )
+        for action in planned.actions:  # types checked by the plan: every one has a mapping
+            if action.kind == "add":
+                target_table.add_columns(self.spark, target, (action.column,))
+            elif action.kind == "rename":
+                target_table.rename_column(self.spark, target, action.name, action.new_name)
+            elif action.kind == "promote":
+                target_table.promote_column(self.spark, target, action.name, action.column.spark_type)
+        state.source_columns = planned.source_columns
         state.columns = target_table.target_columns(self.spark, target)
         log.info(
             "%s: `%s` followed (--schema-changes %s): %s",
