@@ -92,7 +92,8 @@ def run() -> list[dict]:
 
 
 def _measure(stack, backlog: int, rate: int, seconds: float) -> list[dict]:
-    from jobs.cdc.sync import CdcSync, TableSpec
+    from jobs.cdc.sync import CdcSync
+    from jobs.cdc.table_selection import TableSpec
     from jobs.common.run_modes import RunMode, StopRequest, run_batches
     from jobs.common.spark_session import build_spark, stop_spark
     from jobs.config import LakehouseConfig

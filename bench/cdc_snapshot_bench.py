@@ -78,7 +78,8 @@ def _killed_half_way(commits: int) -> subprocess.CompletedProcess:
 
 def _measure(stack, rows: int) -> list[dict]:
     from jobs.cdc import snapshot, source_db
-    from jobs.cdc.sync import CdcSync, TableSpec
+    from jobs.cdc.sync import CdcSync
+    from jobs.cdc.table_selection import TableSpec
     from jobs.common.spark_session import build_spark, stop_spark
     from jobs.config import LakehouseConfig
     from lakehouse.local.mariadb import APP_USER

@@ -22,7 +22,8 @@ from support import LAKEHOUSE_BIN
 
 from jobs.cdc import source_db
 from jobs.cdc.binlog_reader import BinlogPosition
-from jobs.cdc.sync import DEFAULT_TABLES, CdcSync, TableSpec
+from jobs.cdc.sync import CdcSync
+from jobs.cdc.table_selection import TableSelection, TableSpec
 from jobs.config import ConfigError
 from lakehouse.local.mariadb import SEED
 
@@ -187,10 +188,12 @@ def make_sync(spark, lake_config):
         progress_seconds: float | None = None,
         chunk_rows: int = 10_000,
         commit_rows: int = 200_000,
+        include: tuple[str, ...] = (),
+        exclude: tuple[str, ...] = (),
     ) -> CdcSync:
-        specs = [TableSpec.parse(p, lake_config) for p in pairs]
+        selection = TableSelection.from_args(lake_config, pairs, include, exclude)
         sync = CdcSync(
-            spark, lake_config, specs, resync=resync, server_id=next(_server_ids),
+            spark, lake_config, selection, resync=resync, server_id=next(_server_ids),
             snapshot_chunk_rows=chunk_rows, snapshot_commit_rows=commit_rows,
         )  # fmt: skip
         if progress_seconds is not None:
@@ -282,7 +285,7 @@ MEMBER_COLUMNS = ["userid", "name", "show_params", "memberLevel", "update_time"]
 
 
 def test_seed_tables_sync_inserts_updates_deletes(spark, app_conn, make_sync) -> None:
-    sync = make_sync(*DEFAULT_TABLES)
+    sync = make_sync("user_db.products=dim_db.products", "user_db.user_member=dim_db.user_member")
     schema = {f.name: f.dataType.simpleString() for f in spark.table("lakehouse.dim_db.products").schema}
     assert schema == {
         "productId": "string",
@@ -613,6 +616,136 @@ def test_kill_9_mid_stream_then_restart_converges(spark, app_conn, local_stack, 
     sync = make_sync(pair)  # restart resumes from the position stored in the table
     catch_up(sync)
     assert_converged(spark, app_conn, name)
+
+
+# ---- whole-database sync: a selection by pattern, tables created while the job runs --------------
+
+
+def _drop_tables(conn: pymysql.Connection, spark, names: list[str]) -> None:
+    with conn.cursor() as cur:
+        for name in names:
+            cur.execute(f"DROP TABLE IF EXISTS {name}")
+    conn.commit()
+    for name in names:
+        spark.sql(f"DROP TABLE IF EXISTS lakehouse.dim_db.{name}")
+
+
+def test_whole_database_sync_follows_new_tables_and_stops_only_a_table_without_a_key(
+    spark, app_conn, make_sync, local_stack, secrets, monkeypatch
+) -> None:
+    """`--include user_db.<prefix>_*`: the tables there at start are snapshotted; one created while
+    the job runs (plain, CREATE ... SELECT, renamed into the pattern) is snapshotted - with writes
+    committed between its chunks - and followed, without a restart; one without a primary key gets
+    one clear error and the others go on; an excluded one is never synced. Each synced table then
+    equals its source as a multiset."""
+    from jobs.cdc import snapshot
+    from lakehouse.local.mariadb import APP_USER
+
+    p = "cdc_wds"
+    tables = [f"{p}_{t}" for t in ("a", "b", "c", "d", "nokey", "nokey2", "skip", "skip2")] + [f"tmp_{p}_d"]
+    _drop_tables(app_conn, spark, tables)
+    recreate_source(app_conn, f"{p}_a")
+    seed_rows(app_conn, f"{p}_a", 300)
+    with app_conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE {p}_nokey (id INT, v INT)")
+        cur.execute(f"CREATE TABLE {p}_skip (id INT PRIMARY KEY)")
+    app_conn.commit()
+
+    real_read_chunk = snapshot.source_db.read_chunk
+    between_chunks: list[int] = []
+    chunks_of: list[str] = []
+
+    def read_chunk_with_writes_between(conn, table, after, rows):
+        chunks_of.append(table.name)
+        # While the new table's snapshot is half read, another connection changes it and commits.
+        if table.name == f"{p}_b" and after is not None and not between_chunks:
+            writer = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
+            try:
+                between_chunks.append(random_workload(writer, f"{p}_b", 60, seed=5, keys=2_000))
+            finally:
+                writer.close()
+        return real_read_chunk(conn, table, after, rows)
+
+    monkeypatch.setattr(snapshot.source_db, "read_chunk", read_chunk_with_writes_between)
+    sync = make_sync(include=(f"user_db.{p}_*",), exclude=(f"user_db.{p}_skip*",), chunk_rows=100)
+    assert sorted(t.spec.source for t in sync.tables.values()) == [f"user_db.{p}_a", f"user_db.{p}_nokey"]
+    (error,) = sync.errors
+    assert f"user_db.{p}_nokey has no primary key" in error and "--exclude" in error and "\n" not in error
+    random_workload(app_conn, f"{p}_a", 80, seed=1, keys=300)
+    catch_up(sync)
+    assert_converged(spark, app_conn, f"{p}_a")
+
+    # Created while the job runs, each its own way.
+    recreate_source(app_conn, f"{p}_b")
+    seed_rows(app_conn, f"{p}_b", 1_500)
+    with app_conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE {p}_c (PRIMARY KEY (id)) SELECT * FROM {p}_a")
+        cur.execute(TEST_TABLE_DDL.format(name=f"tmp_{p}_d"))
+        cur.execute(f"INSERT INTO tmp_{p}_d (id, name, qty) VALUES ('r1', 'moved', 1), ('r2', 'moved', 2)")
+        cur.execute(f"RENAME TABLE tmp_{p}_d TO {p}_d")
+        cur.execute(f"CREATE TABLE {p}_skip2 (id INT PRIMARY KEY)")
+        cur.execute(f"CREATE TABLE {p}_nokey2 (id INT)")
+    app_conn.commit()
+    random_workload(app_conn, f"{p}_a", 40, seed=2, keys=300)
+    catch_up(sync)
+    assert between_chunks and between_chunks[0] >= 60, "no write landed between the new table's chunks"
+    # Changes after the new tables' snapshots are followed too.
+    for name, seed in ((f"{p}_b", 3), (f"{p}_c", 4), (f"{p}_d", 6)):
+        random_workload(app_conn, name, 50, seed=seed, keys=2_000)
+    catch_up(sync)
+
+    for name in (f"{p}_a", f"{p}_b", f"{p}_c", f"{p}_d"):
+        assert_converged(spark, app_conn, name)
+    assert assert_converged(spark, app_conn, f"{p}_b") > 1_000
+    for name in (f"{p}_skip", f"{p}_skip2", f"tmp_{p}_d"):
+        assert not spark.catalog.tableExists(f"lakehouse.dim_db.{name}"), f"{name} must not be synced"
+    assert sorted(e.split(":")[0] for e in sync.errors) == [
+        f"lakehouse.dim_db.{p}_nokey",
+        f"lakehouse.dim_db.{p}_nokey2",
+    ]
+    assert not sync.all_stopped
+
+    # A restart finds every table where it left it: no snapshot again, the changes since applied.
+    sync.close()
+    random_workload(app_conn, f"{p}_c", 30, seed=7, keys=2_000)
+    chunks_of.clear()
+    again = make_sync(include=(f"user_db.{p}_*",), exclude=(f"user_db.{p}_skip*",))
+    catch_up(again)
+    assert chunks_of == [], "a table the lake already had was snapshotted again"
+    for name in (f"{p}_a", f"{p}_b", f"{p}_c", f"{p}_d"):
+        assert_converged(spark, app_conn, name)
+    again.close()
+    _drop_tables(app_conn, spark, tables)
+
+
+def test_create_or_replace_re_snapshots_the_table(spark, app_conn, make_sync) -> None:
+    """CREATE OR REPLACE gives the source table other rows without a row event for the old ones: the
+    lake table is snapshotted again instead of keeping rows the source no longer has (both ways:
+    LIKE then INSERT, and ... SELECT, whose rows come inside the CREATE's own transaction)."""
+    name = "cdc_test_replaced"
+    pair = fresh_test_table(spark, app_conn, name)
+    recreate_source(app_conn, f"{name}_next")
+    seed_rows(app_conn, name, 50)
+    seed_rows(app_conn, f"{name}_next", 7, prefix="n")
+    sync = make_sync(pair)
+    with app_conn.cursor() as cur:
+        cur.execute(f"CREATE OR REPLACE TABLE {name} LIKE {name}_next")
+        cur.execute(f"INSERT INTO {name} SELECT * FROM {name}_next")
+    app_conn.commit()
+    catch_up(sync)
+    assert assert_converged(spark, app_conn, name) == 7
+    random_workload(app_conn, name, 20, seed=9, keys=50)
+    with app_conn.cursor() as cur:
+        cur.execute(
+            f"CREATE OR REPLACE TABLE {name} (PRIMARY KEY (id)) SELECT * FROM {name}_next WHERE qty < 3"
+        )
+    app_conn.commit()
+    catch_up(sync)
+    assert assert_converged(spark, app_conn, name) == 3
+    assert sync.errors == []
+    with app_conn.cursor() as cur:
+        cur.execute(f"DROP TABLE {name}_next")
+    app_conn.commit()
 
 
 # ---- schema evolution and DDL -------------------------------------------------------------------

@@ -107,7 +107,7 @@ def test_other_ddl_is_unsupported(statement: str) -> None:
     "statement",
     [
         "BEGIN",
-        "CREATE TABLE t (a int)",
+        "CREATE TEMPORARY TABLE t (a int)",
         "ALTER TABLE products ADD INDEX idx_name (name)",
         "GRANT SELECT ON *.* TO x",
     ],

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from jobs.cdc.schema_policy import DEFAULT_POLICY, POLICIES
 from jobs.cdc.snapshot import CHUNK_ROWS, COMMIT_ROWS
-from jobs.cdc.sync import DEFAULT_TABLES, PROGRESS_SECONDS, CdcSync, TableSpec, run_sync
+from jobs.cdc.sync import PROGRESS_SECONDS, CdcSync, run_sync
+from jobs.cdc.table_selection import DEFAULT_NAMESPACE, TableSelection
 from jobs.common.job_args import (
     JobArgumentParser,
     add_environment_args,
@@ -24,6 +25,9 @@ from jobs.common.run_modes import RunMode, StopRequest, add_run_mode_args
 @dataclass(frozen=True)
 class CdcArgs:
     tables: tuple[str, ...]
+    includes: tuple[str, ...]
+    excludes: tuple[str, ...]
+    namespace: str
     resync: tuple[str, ...]
     server_id: int | None
     mode: RunMode
@@ -38,11 +42,32 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, CdcArgs]:
     add_environment_args(parser)
     add_run_mode_args(parser)
     parser.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="sync the source tables matching this SCHEMA.TABLE glob, each to NAMESPACE.<table>, "
+        "also those created while the job runs (repeatable; default without --table: user_db.*)",
+    )
+    parser.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="leave out the tables matching this SCHEMA.TABLE glob (repeatable)",
+    )
+    parser.add_argument(
+        "--namespace",
+        default=DEFAULT_NAMESPACE,
+        help=f"the Iceberg namespace of tables --include selects (default {DEFAULT_NAMESPACE})",
+    )
+    parser.add_argument(
         "--table",
         action="append",
+        default=[],
         metavar="SOURCE=TARGET",
-        help="source table to sync and its Iceberg table, e.g. user_db.products=dim_db.products "
-        "(repeatable; default: products and user_member)",
+        help="a source table and its Iceberg table, e.g. user_db.products=dim_db.products "
+        "(repeatable; without --include, only these tables are synced)",
     )
     parser.add_argument(
         "--resync",
@@ -86,7 +111,10 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, CdcArgs]:
     if args.snapshot_chunk_rows < 1 or args.snapshot_commit_rows < 1:
         parser.error("--snapshot-chunk-rows and --snapshot-commit-rows must be >= 1")
     return args, CdcArgs(
-        tuple(args.table or DEFAULT_TABLES),
+        tuple(args.table),
+        tuple(args.include),
+        tuple(args.exclude),
+        args.namespace,
         tuple(args.resync),
         args.server_id,
         RunMode.from_args(args),
@@ -103,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     env_args, args = parse_args(sys.argv[1:] if argv is None else argv)
     config = config_from_args(env_args)
-    specs = [TableSpec.parse(t, config) for t in args.tables]
+    selection = TableSelection.from_args(config, args.tables, args.includes, args.excludes, args.namespace)
 
     from jobs.common.spark_session import build_spark, stop_spark
 
@@ -112,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sync = CdcSync(
         spark,
         config,
-        specs,
+        selection,
         resync=args.resync,
         server_id=args.server_id,
         progress_seconds=args.progress_seconds,

@@ -2,9 +2,10 @@
 
 The reader keeps only ROW events of the configured tables and hands the job complete transactions
 (never half of one), each tagged with the binlog position just after its commit and the GTID state
-that includes it. DDL on a configured table is queued in binlog order too. On a lost connection
-(server restart, network) it reconnects with backoff from the end of the last complete transaction
-it read; a partially read transaction is dropped and read again.
+that includes it. DDL on a configured table is queued in binlog order too, and so is a statement
+that creates a table the job's selection takes (the job then snapshots it and calls `follow`). On a
+lost connection (server restart, network) it reconnects with backoff from the end of the last
+complete transaction it read; a partially read transaction is dropped and read again.
 
 Resuming: on MariaDB by GTID (the library's `auto_position`; with `is_mariadb=True` it ignores
 file/pos and would stream from the oldest binlog file), elsewhere by file/pos. The position only
@@ -19,6 +20,7 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pymysql
@@ -116,6 +118,8 @@ class DdlEvent:
     tables: tuple[tuple[str, str], ...]  # the configured source tables it touches
     end: BinlogPosition
     timestamp: int
+    # Tables it made exist that the reader does not follow yet and the selection takes.
+    created: tuple[tuple[str, str], ...] = ()
 
 
 class BinlogGone(RuntimeError):
@@ -143,10 +147,12 @@ class BinlogReader:
         is_mariadb: bool = True,
         max_queued: int = 20_000,
         max_backoff: float = 10.0,
+        selects: Callable[[str, str], bool] = lambda schema, name: False,
     ) -> None:
         self._settings = connection_settings
         self._server_id = server_id
         self._tables = dict(tables)
+        self._selects = selects  # a table created under this name is reported (DdlEvent.created)
         self._is_mariadb = is_mariadb
         self._max_backoff = max_backoff
         self.items: queue.Queue[Transaction | DdlEvent] = queue.Queue(maxsize=max_queued)
@@ -163,6 +169,11 @@ class BinlogReader:
     def start(self) -> BinlogReader:
         self._thread.start()
         return self
+
+    def follow(self, table: tuple[str, str], key: tuple[str, ...]) -> None:
+        """Queue `table`'s row changes from now on (a table created while the reader runs). Called
+        before the table's snapshot reads its position, so no change after that position is missed."""
+        self._tables[table] = key
 
     def stop(self) -> None:
         self._stop.set()
@@ -347,6 +358,11 @@ class BinlogReader:
                     continue
                 ends_group = upper == "COMMIT" or upper.startswith(("XA COMMIT", "XA ROLLBACK"))
                 if in_transaction and not ends_group:
+                    if upper.startswith("CREATE") and (ddl := classify(event.query)) is not None:
+                        # CREATE ... SELECT: logged inside the transaction that writes its rows. A
+                        # position inside that transaction: after any stored before it, before its end.
+                        inside = BinlogPosition(stream.log_file, stream.log_pos, committed)
+                        self._queue_ddl(ddl, event.schema, inside, event.timestamp)
                     continue  # SAVEPOINT, ROLLBACK TO, XA END ...: still inside the transaction
                 committed = add_gtid(committed, current)
                 end = BinlogPosition(stream.log_file, stream.log_pos, committed)
@@ -357,9 +373,7 @@ class BinlogReader:
                     continue
                 ddl = classify(event.query)
                 if ddl is not None:
-                    touched = self._touched(ddl, event.schema)
-                    if touched:
-                        self._put(DdlEvent(ddl, touched, end, event.timestamp))
+                    self._queue_ddl(ddl, event.schema, end, event.timestamp)
                 self._advance(end)
             elif not in_transaction and not pending and stream.log_pos >= 4:
                 # Between transactions (rotate, format description, GTID list, checkpoint): this is
@@ -376,6 +390,10 @@ class BinlogReader:
             self._put(Transaction(pending, end, timestamp))
         self._advance(end)
 
-    def _touched(self, ddl: DdlChange, default_schema: bytes | str) -> tuple[tuple[str, str], ...]:
+    def _queue_ddl(self, ddl: DdlChange, default_schema: bytes | str, end: BinlogPosition, timestamp: int):
         schema = default_schema.decode() if isinstance(default_schema, bytes) else default_schema
-        return tuple(t for t in ((s or schema, n) for s, n in ddl.tables) if t in self._tables)
+        touched = tuple(t for t in ((s or schema, n) for s, n in ddl.tables) if t in self._tables)
+        named = ((s or schema, n) for s, n in ddl.created)
+        created = tuple(t for t in named if t not in self._tables and self._selects(*t))
+        if touched or created:
+            self._put(DdlEvent(ddl, touched, end, timestamp, created))

@@ -6,7 +6,9 @@ type), MODIFY (new type); what the sync does with each is its `--schema-changes`
 row events, so such a change is flagged for a backfill (`fills_existing_rows`, which parses the
 column definition with sqlglot rather than matching text). TRUNCATE is its own kind; anything else
 that changes a synced table's shape (DROP/RENAME TABLE, a primary key change, a clause not
-understood) is `unsupported`: that table stops.
+understood) is `unsupported`: that table stops. A statement that makes a table exist under a name
+(CREATE TABLE, also `... LIKE` and `... AS SELECT`; the new name of a RENAME) lists it in `created`,
+so a selection by pattern can pick it up; CREATE OR REPLACE also `replaces` what was there.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ _ALTER = re.compile(
 _OTHER = [
     re.compile(r"^(DROP)\s+(?:TEMPORARY\s+)?TABLE\s+(?:IF\s+EXISTS\s+)?(.*)$", re.I | re.S),
     re.compile(r"^(RENAME)\s+TABLES?\s+(.*)$", re.I | re.S),
+    re.compile(rf"^(CREATE)\s+(OR\s+REPLACE\s+)?TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?{_NAME}", re.I | re.S),
     re.compile(rf"^(TRUNCATE)\s+(?:TABLE\s+)?{_NAME}", re.I | re.S),
 ]
 # ALTER clauses that do not change the rows we copy.
 _HARMLESS = re.compile(
     r"^(ADD\s+(INDEX|KEY|FULLTEXT|SPATIAL|UNIQUE|CONSTRAINT|FOREIGN|PRIMARY|CHECK)\b"
     r"|DROP\s+(INDEX|KEY|FOREIGN|CONSTRAINT|CHECK)\b"
+    r"|RENAME\s+(INDEX|KEY)\b"
     r"|ALTER\s+(COLUMN\s+)?\S+\s+(SET|DROP)\s+DEFAULT\b"
     r"|ENGINE\b|COMMENT\b|AUTO_INCREMENT\b|ALGORITHM\b|LOCK\b|ROW_FORMAT\b|FORCE\b)",
     re.I,
@@ -49,6 +53,7 @@ _MODIFY_COLUMN = re.compile(
     rf"^MODIFY\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?({_IDENT})\s+({_TYPE})(.*)$", re.I | re.S
 )
 _NOT_NULL = re.compile(r"\bNOT\s+NULL\b", re.I)
+_RENAME_TABLE_CLAUSE = re.compile(rf"^RENAME\s+(?:TO\s+|AS\s+)?{_NAME}\s*$", re.I | re.S)
 
 
 def fills_existing_rows(column_definition: str) -> bool:
@@ -138,6 +143,9 @@ class DdlChange:
     unsupported: bool = False
     reason: str = field(default="")
     truncate: bool = False
+    # Tables that exist under these names after the statement (CREATE TABLE, RENAME's new names).
+    created: tuple[tuple[str | None, str], ...] = ()
+    replaces: bool = False  # CREATE OR REPLACE: a table of that name was replaced, rows and all
 
     @property
     def added_columns(self) -> tuple[SourceColumn, ...]:
@@ -175,20 +183,26 @@ def _column_changes(clause: str) -> list[ColumnChange] | None:
 
 
 def classify(statement: str) -> DdlChange | None:
-    """None for statements that change no table (BEGIN, CREATE TABLE, GRANT, ...)."""
+    """None for statements that change no table (BEGIN, GRANT, CREATE TEMPORARY TABLE, ...)."""
     text = _COMMENTS.sub(" ", statement).strip().rstrip(";").strip()
     match = _ALTER.match(text)
     if match:
         table = (_unquote(match.group(1)), _unquote(match.group(2)))
-        changes, problems = [], []
+        changes, problems, renamed_to = [], [], []
         for clause in split_top_level(match.group(3)):
             if not clause or _HARMLESS.match(clause):
+                continue
+            if rename := _RENAME_TABLE_CLAUSE.match(clause):
+                renamed_to.append((_unquote(rename.group(1)) or table[0], _unquote(rename.group(2))))
                 continue
             understood = _column_changes(clause)
             if understood is None:
                 problems.append(clause)
             else:
                 changes += understood
+        if renamed_to:  # the table is gone under its old name, whatever else the statement did
+            reason = "; ".join(["RENAME", *problems])
+            return DdlChange(statement, (table,), unsupported=True, reason=reason, created=tuple(renamed_to))
         if problems:
             return DdlChange(statement, (table,), unsupported=True, reason="; ".join(problems))
         if not changes:
@@ -202,8 +216,15 @@ def classify(statement: str) -> DdlChange | None:
         if verb == "TRUNCATE":
             tables = ((_unquote(match.group(2)), _unquote(match.group(3))),)
             return DdlChange(statement, tables, truncate=True, reason=verb)
-        tables = tuple(_names_in(match.group(2)))
-        return DdlChange(statement, tables, unsupported=True, reason=verb)
+        if verb == "CREATE":
+            tables = ((_unquote(match.group(3)), _unquote(match.group(4))),)
+            return DdlChange(statement, tables, reason=verb, created=tables, replaces=bool(match.group(2)))
+        names = _names_in(match.group(2))
+        if verb == "RENAME":  # RENAME TABLE a TO b, c TO d: a and c are gone, b and d are new
+            return DdlChange(
+                statement, tuple(names[0::2]), unsupported=True, reason=verb, created=tuple(names[1::2])
+            )
+        return DdlChange(statement, tuple(names), unsupported=True, reason=verb)
     return None
 
 

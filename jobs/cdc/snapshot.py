@@ -121,7 +121,8 @@ def schema_matches(spark, target: str, source: SourceTable) -> bool:
     return sorted(have) == sorted(want)
 
 
-def _frame(spark, source: SourceTable, rows: list[tuple]):
+def rows_frame(spark, source: SourceTable, rows: list[tuple]):
+    """Source rows (as `source_db.read_chunk` returns them) as the DataFrame a snapshot writes."""
     import pyarrow as pa
 
     columns = [(c.name, c.spark_type) for c in source.columns]
@@ -301,7 +302,7 @@ def _copy_chunks(
 
 
 def _append(spark, source: SourceTable, staging: str, rows: list[tuple], progress: SnapshotProgress) -> None:
-    frame = _frame(spark, source, rows)
+    frame = rows_frame(spark, source, rows)
     options = writer_options({PROGRESS_KEY: progress.to_json()})
 
     @retry_commit()
@@ -346,7 +347,7 @@ def _publish(spark, source: SourceTable, staging: str, target: str, progress: Sn
         spark.sql(f"ALTER TABLE {staging} RENAME TO {target.split('.', 1)[1]}")
         crash_point("cdc.snapshot-renamed")
         position_commit.commit_progress_only(spark, target, {POSITION_KEY: progress.position.to_json()})
-        target_table.configure_table(spark, target, source.key)
+        target_table.configure_table(spark, target, source.key, source.qualified)
         return
     replace = not schema_matches(spark, target, source)
     frame = spark.table(staging)
@@ -368,4 +369,4 @@ def _publish(spark, source: SourceTable, staging: str, target: str, progress: Sn
     commit()
     crash_point("cdc.snapshot-published")
     spark.sql(f"DROP TABLE IF EXISTS {staging} PURGE")
-    target_table.configure_table(spark, target, source.key)
+    target_table.configure_table(spark, target, source.key, source.qualified)

@@ -130,6 +130,32 @@ def connect(config: LakehouseConfig, creds: Credentials) -> pymysql.Connection:
     return conn
 
 
+class MissingTable(ConfigError):
+    """The table is not in the source (or the CDC user may not see it)."""
+
+
+class NoPrimaryKey(ConfigError):
+    """A table CDC cannot follow: without a key, an update or delete names no row in the lake."""
+
+
+def list_tables(conn: pymysql.Connection, schemas: tuple[str, ...] | None) -> list[tuple[str, str]]:
+    """(schema, table) of the base tables the CDC user can see (views and sequences are not synced),
+    in the given schemas or, with None, in all of them."""
+    where, args = "", ()
+    if schemas is not None:
+        if not schemas:
+            return []
+        where = f" AND TABLE_SCHEMA IN ({', '.join(['%s'] * len(schemas))})"
+        args = tuple(schemas)
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
+            f"WHERE TABLE_TYPE = 'BASE TABLE'{where} ORDER BY TABLE_SCHEMA, TABLE_NAME",
+            args,
+        )
+        return [(r[0], r[1]) for r in cur.fetchall()]
+
+
 def describe_table(conn: pymysql.Connection, schema: str, name: str) -> SourceTable:
     with conn.cursor() as cur:
         cur.execute(
@@ -146,9 +172,12 @@ def describe_table(conn: pymysql.Connection, schema: str, name: str) -> SourceTa
         )
         key = tuple(r[0] for r in cur.fetchall())
     if not rows:
-        raise ConfigError(f"source table {schema}.{name} does not exist")
+        raise MissingTable(f"source table {schema}.{name} does not exist")
     if not key:
-        raise ConfigError(f"source table {schema}.{name} has no primary key: CDC needs one to MERGE on")
+        raise NoPrimaryKey(
+            f"source table {schema}.{name} has no primary key: CDC applies changes by key; add one "
+            f"(ALTER TABLE {schema}.{name} ADD PRIMARY KEY (...)) or leave the table out (--exclude)"
+        )
     columns = tuple(SourceColumn(r[0], r[1], r[2] == "YES") for r in rows)
     return SourceTable(schema, name, columns, key)
 

@@ -44,6 +44,7 @@ from jobs.cdc.binlog_reader import BinlogPosition, BinlogReader, DdlEvent, Trans
 from jobs.cdc.change_batch import RowChange, last_change_per_key
 from jobs.cdc.position_check import position_problem
 from jobs.cdc.schema_mapping import SourceColumn, UnsupportedType
+from jobs.cdc.table_selection import TableSelection, TableSpec, UnusableName
 from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink, guarded
 from jobs.common.run_modes import RunMode, StopRequest, run_batches
 from jobs.common.snapshot_progress import (
@@ -52,11 +53,10 @@ from jobs.common.snapshot_progress import (
     with_snapshot_properties,
 )
 from jobs.common.streaming_job import StreamingJob
-from jobs.config import SOURCE_DATABASE, ConfigError, LakehouseConfig
+from jobs.config import ConfigError, LakehouseConfig
 
 log = logging.getLogger("cdc_sync")
 
-DEFAULT_TABLES = ("user_db.products=dim_db.products", "user_db.user_member=dim_db.user_member")
 MAX_BATCH_CHANGES = 300_000  # bounds memory while catching up
 DRAIN_SECONDS = 0.5
 # While the reader is this far behind the source (catching up on a backlog), a batch drains up to
@@ -68,33 +68,6 @@ CATCH_UP_GAP_SECONDS = 0.5
 # binlog retention (24 h on RDS), and a restart re-reads at most this much of the binlog.
 PROGRESS_SECONDS = 60.0
 PROBLEM_SHOWN_SECONDS = 30.0  # a binlog reconnect this recent is still shown as the job's problem
-
-
-@dataclass(frozen=True)
-class TableSpec:
-    source_schema: str
-    source_name: str
-    target: str  # fully qualified: lakehouse.dim_db.products
-
-    @property
-    def source(self) -> str:
-        return f"{self.source_schema}.{self.source_name}"
-
-    @classmethod
-    def parse(cls, text: str, config: LakehouseConfig) -> TableSpec:
-        """`[schema.]table=namespace.table`, e.g. `user_db.products=dim_db.products`."""
-        source, sep, target = text.partition("=")
-        if not sep or "." not in target:
-            raise ConfigError(
-                f"--table {text!r}: use SOURCE=NAMESPACE.TABLE, e.g. user_db.products=dim_db.products"
-            )
-        schema, _, name = source.rpartition(".")
-        namespace, _, table = target.rpartition(".")
-        return cls(schema or SOURCE_DATABASE, name, config.table(namespace.split(".")[-1], table))
-
-    def matches(self, name: str) -> bool:
-        short_target = ".".join(self.target.split(".")[-2:])
-        return name in (self.source, self.source_name, self.target, short_target)
 
 
 @dataclass
@@ -134,7 +107,7 @@ class CdcSync(StreamingJob):
         self,
         spark,
         config: LakehouseConfig,
-        specs: Sequence[TableSpec],
+        tables: TableSelection | Sequence[TableSpec],
         *,
         resync: Sequence[str] = (),
         server_id: int | None = None,
@@ -152,7 +125,7 @@ class CdcSync(StreamingJob):
     ) -> None:
         self.spark = spark
         self.config = config
-        self.specs = list(specs)
+        self.selection = tables if isinstance(tables, TableSelection) else TableSelection.of(config, tables)
         self.resync = list(resync)
         self.server_id = server_id or config.mysql.server_id
         self.max_batch_changes = max_batch_changes
@@ -179,11 +152,10 @@ class CdcSync(StreamingJob):
         self.reader: BinlogReader | None = None
         self.fatal: str | None = None
         self.last_report = BatchReport()
+        self._is_mariadb = True
         for name in self.resync:
-            if not any(s.matches(name) for s in self.specs):
-                raise ConfigError(
-                    f"--resync {name}: not a configured table ({', '.join(s.source for s in specs)})"
-                )
+            if not self.selection.covers(name):
+                raise ConfigError(f"--resync {name}: not a synced table ({self.selection.describe()})")
 
     # ---- start: snapshot what needs one, then start tailing --------------------------------------
 
@@ -204,39 +176,105 @@ class CdcSync(StreamingJob):
         conn = self._connect()
         try:
             source_db.require_binlog_settings(conn)
-            is_mariadb = source_db.is_mariadb(conn)
-            for spec in self.specs:
-                self.tables[(spec.source_schema, spec.source_name)] = self._prepare(conn, spec, is_mariadb)
+            is_mariadb = self._is_mariadb = source_db.is_mariadb(conn)
+            specs = self._selected_specs(conn)
+            for name in self.resync:
+                if not any(spec.matches(name) for spec in specs):
+                    raise ConfigError(
+                        f"--resync {name}: no such table in the source ({self.selection.describe()})"
+                    )
+            for spec in specs:
+                if spec.source_key not in self.tables:
+                    self.tables[spec.source_key] = self._prepare(conn, spec, is_mariadb)
+            # With a pattern the reader runs even with no table yet: one may be created.
+            now = BinlogPosition(*source_db.master_position(conn)) if self.selection.dynamic else None
         finally:
             conn.close()
         active = [t for t in self.tables.values() if t.error is None]
-        if active:
-            start = min((t.position for t in active), key=lambda p: p.order)
+        if active or now is not None:
+            start = min((t.position for t in active), key=lambda p: p.order) if active else now
             self.reader = BinlogReader(
                 source_db.connection_settings(self.config, self.credentials),
                 self.server_id,
                 start,
                 {k: t.key for k, t in self.tables.items() if t.error is None},
                 is_mariadb=is_mariadb,
+                selects=self._takes_new_table,
             ).start()
-            log.info("tailing the binlog from %s for %s", start, ", ".join(t.spec.target for t in active))
+            log.info(
+                "tailing the binlog from %s for %s%s",
+                start,
+                ", ".join(t.spec.target for t in active) or "no table yet",
+                f"; tables created in the source that match {self.selection.describe()} join"
+                if self.selection.dynamic
+                else "",
+            )
         if self.warm_up:
             for state in active:  # while the reader starts on the binlog (and reads any backlog)
                 seconds = merge_warm_up.warm_up_merge(self.spark, state.columns, state.key)
                 log.info("%s: MERGE warmed up (%.1fs)", state.spec.target, seconds)
         return self
 
-    def _prepare(self, conn: pymysql.Connection, spec: TableSpec, is_mariadb: bool) -> TableState:
+    def _selected_specs(self, conn: pymysql.Connection) -> list[TableSpec]:
+        """The explicitly named tables, then every listed source table the selection takes. A table
+        that cannot be synced under its name, or whose target another table already has, gets a
+        stopped state of its own (the others go on)."""
+        specs = list(self.selection.explicit)
+        targets = {spec.target: spec for spec in specs}
+        for schema, name in source_db.list_tables(conn, self.selection.schemas):
+            spec = self._spec_or_stop(schema, name, targets)
+            if spec is not None and spec.source_key not in {s.source_key for s in specs}:
+                specs.append(spec)
+                targets[spec.target] = spec
+        return specs
+
+    def _spec_or_stop(self, schema: str, name: str, targets: dict[str, TableSpec]) -> TableSpec | None:
+        try:
+            spec = self.selection.spec_for(schema, name)
+        except UnusableName as exc:
+            self._unsyncable(TableSpec(schema, name, ""), f"cannot sync {exc}")
+            return None
+        if spec is None:
+            return None
+        other = targets.get(spec.target)
+        if other is not None and other.source_key != spec.source_key:
+            self._unsyncable(
+                spec,
+                f"cannot sync {spec.source}: {other.source} already syncs to {spec.target}; "
+                f"name a target of its own with --table {spec.source}=<namespace>.<table>, or --exclude it",
+            )
+            return None
+        return spec
+
+    def _unsyncable(self, spec: TableSpec, message: str) -> TableState:
+        state = TableState(spec, (), [], BinlogPosition("", 0))
+        self.tables[spec.source_key] = state
+        self._stop_table(state, message)
+        return state
+
+    def _takes_new_table(self, schema: str, name: str) -> bool:
+        """The reader asks: does a table created under this name join the sync?"""
+        return (schema, name) not in self.tables and self.selection.selects(schema, name)
+
+    def _prepare(
+        self, conn: pymysql.Connection, spec: TableSpec, is_mariadb: bool, created: bool = False
+    ) -> TableState:
+        """Resume `spec` from its stored position, or snapshot it. `created`: the table was created
+        in the source while the job runs: it is snapshotted whatever the lake holds, and the reader
+        follows it from before the snapshot's position on."""
         stored = None
-        if target_table.table_exists(self.spark, spec.target):
+        if not created and target_table.table_exists(self.spark, spec.target):
             stored = position_commit.stored_position(self.spark, spec.target)
         wants_resync = any(spec.matches(name) for name in self.resync)
         if stored is not None and not wants_resync:
             snapshot.drop_finished_staging(self.spark, spec.target, stored)
         taken = None
         try:
+            if created:
+                described = source_db.describe_table(conn, spec.source_schema, spec.source_name)
+                self.reader.follow(spec.source_key, described.key)
             if stored is None or wants_resync:
-                taken = self._snapshot(conn, spec, is_mariadb, resume=True)
+                taken = self._snapshot(conn, spec, is_mariadb, resume=not created)
                 position, source = taken.position, taken.source
             else:
                 position = stored
@@ -245,10 +283,13 @@ class CdcSync(StreamingJob):
                 column.spark_type  # noqa: B018 - raises UnsupportedType for a type with no mapping
         except UnsupportedType as exc:
             state = TableState(spec, (), [], stored or BinlogPosition("", 0))
-            state.error = f"{spec.target}: cannot sync {spec.source}: {exc}; change or drop that column"
-            log.error(state.error)
+            self._stop_table(state, f"cannot sync {spec.source}: {exc}; change or drop that column")
             return state
-        target_table.configure_table(self.spark, spec.target, source.key)
+        except source_db.NoPrimaryKey as exc:
+            state = TableState(spec, (), [], stored or BinlogPosition("", 0))
+            self._stop_table(state, f"cannot sync: {exc}")
+            return state
+        target_table.configure_table(self.spark, spec.target, source.key, spec.source)
         state = TableState(spec, source.key, target_table.target_columns(self.spark, spec.target), position)
         # The source's columns as of the position only when the snapshot described them before it.
         state.track_source(source.columns, exact=taken is not None and taken.described_before_position)
@@ -403,12 +444,16 @@ class CdcSync(StreamingJob):
             log.info("%s: no changes; stored position moved to %s", target, position)
 
     def _apply_ddl(self, ddl: DdlEvent) -> None:
+        statement = " ".join(ddl.change.statement.split())
         for source_key in ddl.tables:
             state = self.tables[source_key]
             if state.error is not None or ddl.end.order <= state.position.order:
                 continue
-            statement = " ".join(ddl.change.statement.split())
-            if ddl.change.truncate:
+            if ddl.change.replaces:  # CREATE OR REPLACE: the source's rows are new, without row events
+                self._resnapshot(state, f"`{statement}` replaced the source table")
+            elif ddl.change.created:
+                continue  # CREATE TABLE IF NOT EXISTS on a table that exists: nothing changed
+            elif ddl.change.truncate:
                 self._truncate(state, ddl.end, statement)
             elif ddl.change.unsupported:
                 what = {
@@ -420,9 +465,31 @@ class CdcSync(StreamingJob):
                 )
             else:
                 self._evolve(state, ddl, statement)
+        for schema, name in ddl.created:
+            self._follow_created_table(schema, name, statement)
+
+    def _follow_created_table(self, schema: str, name: str, statement: str) -> None:
+        """A table the selection takes was created (or renamed into place) in the source: snapshot it
+        and follow it, between two batches of the others."""
+        if (schema, name) in self.tables:
+            return
+        spec = self._spec_or_stop(schema, name, {t.spec.target: t.spec for t in self.tables.values()})
+        if spec is None:
+            return
+        conn = self._connect()
+        try:
+            state = self._prepare(conn, spec, self._is_mariadb, created=True)
+        except source_db.MissingTable:
+            log.warning("%s: created (`%s`), gone before its snapshot; not synced", spec.source, statement)
+            return
+        finally:
+            conn.close()
+        self.tables[spec.source_key] = state
+        if state.error is None:
+            log.info("%s: new source table %s is synced from %s on", spec.target, spec.source, state.position)
 
     def _stop_table(self, state: TableState, message: str) -> None:
-        state.error = f"{state.spec.target}: {message}"
+        state.error = f"{state.spec.target or state.spec.source}: {message}"
         log.error(state.error)
 
     def _evolve(self, state: TableState, ddl: DdlEvent, statement: str) -> None:
@@ -511,7 +578,11 @@ class CdcSync(StreamingJob):
 
     @property
     def all_stopped(self) -> bool:
-        return all(t.error for t in self.tables.values())
+        """Nothing is left to sync: every table stopped and none can join (no pattern), or the
+        binlog cannot be read on."""
+        if self.reader is not None and self.reader.fatal is not None:
+            return True
+        return not self.selection.dynamic and all(t.error for t in self.tables.values())
 
     def caught_up(self, target: BinlogPosition) -> bool:
         """Everything up to `target` has been read and applied (or the reader cannot go on)."""

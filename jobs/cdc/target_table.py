@@ -25,6 +25,10 @@ TABLE_PROPERTIES = {
 }
 
 
+# Table property naming the source table (`schema.table`) a CDC target mirrors.
+SOURCE_PROPERTY = "lakehouse.cdc.source"
+
+
 def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
@@ -50,10 +54,12 @@ def create_iceberg_table(spark, table: str, columns: list[tuple[str, str]], key:
     spark.sql(f"CREATE TABLE IF NOT EXISTS {table} ({cols}) USING iceberg TBLPROPERTIES ({props})")
 
 
-def configure_table(spark, table: str, key: tuple[str, ...]) -> None:
-    """Our table properties and identifier fields = the primary key (also on a table others made)."""
+def configure_table(spark, table: str, key: tuple[str, ...], source: str | None = None) -> None:
+    """Our table properties and identifier fields = the primary key (also on a table others made);
+    `source` (`schema.table`) is recorded as the table's SOURCE_PROPERTY (`lakehouse verify` reads it)."""
     current = dict(spark.sql(f"SHOW TBLPROPERTIES {table}").collect())
-    wanted = {k: v for k, v in TABLE_PROPERTIES.items() if k != "format-version" and current.get(k) != v}
+    properties = {**TABLE_PROPERTIES, **({SOURCE_PROPERTY: source} if source else {})}
+    wanted = {k: v for k, v in properties.items() if k != "format-version" and current.get(k) != v}
     if current.get("format-version", "2") != "2":
         wanted["format-version"] = "2"
     if wanted:

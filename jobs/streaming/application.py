@@ -83,14 +83,14 @@ class StreamingOptions:
 def default_factories(
     spark, config: LakehouseConfig, mode: RunMode, metrics: MetricsSink = NO_METRICS
 ) -> dict[str, JobFactory]:
-    from jobs.cdc.sync import DEFAULT_TABLES, CdcSync, TableSpec
+    from jobs.cdc.sync import CdcSync
+    from jobs.cdc.table_selection import TableSelection
     from jobs.ingest.job import ClickstreamIngest, IngestSettings
     from jobs.views.job import ProductViews, ViewsSettings
 
     def cdc(stop: StopRequest) -> StreamingJob:
-        specs = [TableSpec.parse(t, config) for t in DEFAULT_TABLES]
-        return CdcSync(
-            spark, config, specs, metrics=metrics, warm_up=True,
+        return CdcSync(  # every table of the source database, also those created later
+            spark, config, TableSelection.from_args(config), metrics=metrics, warm_up=True,
             change_wait_seconds=mode.trigger_seconds, stop_at_source_end=mode.until_idle,
         )  # fmt: skip
 
