@@ -29,7 +29,8 @@ def run() -> list[dict]:
         return _measure(stack, rows)
 
 
-def _fill(conn, rows: int) -> None:
+def fill_source(conn, rows: int) -> None:
+    """The bench table: `rows` rows of 6 columns, an INT key (also the verify bench's dimension)."""
     with conn.cursor() as cur:
         cur.execute(f"DROP TABLE IF EXISTS {TABLE}")
         cur.execute(
@@ -88,7 +89,7 @@ def _measure(stack, rows: int) -> list[dict]:
     config = LakehouseConfig.local(stack.settings.home)
     conn = stack.mariadb.connect(APP_USER, load_or_create_secrets(stack.settings)["mysql_app_password"])
     began = time.monotonic()
-    _fill(conn, rows)
+    fill_source(conn, rows)
     fill_seconds = time.monotonic() - began
     credentials = source_db.cdc_credentials(config)
     raw_rows, raw_seconds = _raw_select(config, credentials)

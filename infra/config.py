@@ -138,6 +138,7 @@ class JobSettings:
     """How the jobs run on the cluster (infra/constructs/job_deployment.py)."""
 
     report_hour_utc: int  # the daily report runs at HH:30 UTC (for the day so far)
+    verify_hour_utc: int  # the daily reconciliation (`verify`) runs at HH:15 UTC
     maintain_every_hours: int
     supervisor_every_minutes: int  # how often the step supervisor reconciles without an event
     max_failures_per_hour: int  # a streaming job failing more often is given up and alerted
@@ -345,6 +346,7 @@ _DEV = DeploymentConfig(
     ),
     jobs=JobSettings(
         report_hour_utc=23,
+        verify_hour_utc=4,
         maintain_every_hours=1,
         supervisor_every_minutes=5,
         max_failures_per_hour=5,
@@ -420,6 +422,7 @@ _PROD = replace(
     ),
     jobs=JobSettings(
         report_hour_utc=23,
+        verify_hour_utc=4,
         maintain_every_hours=1,
         supervisor_every_minutes=2,
         max_failures_per_hour=10,

@@ -226,6 +226,16 @@ def run(ctx: click.Context, job: str | None, job_args: tuple[str, ...]) -> None:
     sys.exit(JOBS[job].main()(list(job_args)) or 0)
 
 
+@main.command(context_settings=PASS_THROUGH)
+@click.argument("verify_args", nargs=-1, type=click.UNPROCESSED)
+def verify(verify_args: tuple[str, ...]) -> None:
+    """Reconcile every table with its source: exit 0 all match, 1 a mismatch, 2 cannot run
+    (`lakehouse verify --help`; the same as `lakehouse run verify`)."""
+    from jobs.registry import job
+
+    sys.exit(job("verify").main()(list(verify_args)) or 0)
+
+
 # ---- AWS ---------------------------------------------------------------------------------------
 
 

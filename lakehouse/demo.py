@@ -3,7 +3,8 @@
 1. stack up; 2. CDC, ingest and views in one streaming application (`python -m jobs.streaming`, a
 child process, as on EMR); 3. clicks at a steady rate with a live view of the jobs, product_views
 and freshness, a third of the way in the source system's two UPDATE statements; 4. their effect;
-5. the batch report; 6. maintenance; then a summary. The jobs are stopped at the end; the stack
+5. the batch report; 6. maintenance; 7. `verify` (the lake reconciled with its sources); then a
+summary. The jobs are stopped at the end; the stack
 stays up and the lake is queryable with `lakehouse sql`.
 
 The demo must not slow down what it shows: it reads a table only when the catalog says it changed
@@ -80,7 +81,7 @@ def run_demo(console: Console, options: DemoOptions) -> None:
     began = time.monotonic()
     settings = StackSettings.resolve()
     stack = LocalStack(settings)
-    console.rule("1/6 local stack")
+    console.rule("1/7 local stack")
     state_file = stack.up(progress=lambda msg: console.print(f"  {msg}"))
     config = LakehouseConfig.local(settings.home)
     conn = stack.mariadb.connect(APP_USER, state_file["mysql"]["password"])
@@ -95,7 +96,7 @@ def run_demo(console: Console, options: DemoOptions) -> None:
     status_file = processes.log_dir / STATUS_FILE
     status_file.unlink(missing_ok=True)
     try:
-        console.rule("2/6 streaming: CDC (binlog -> dim_db), ingest (Kafka -> ods_behavior), views")
+        console.rule("2/7 streaming: CDC (binlog -> dim_db), ingest (Kafka -> ods_behavior), views")
         with console.status(f"starting the streaming application; log in {processes.log_dir}"):
             # One Spark application, one thread per job; CDC's initial snapshot creates and loads
             # the dimensions before the ingest starts (the application orders them).
@@ -107,7 +108,7 @@ def run_demo(console: Console, options: DemoOptions) -> None:
         state.clicks_before = total_records(catalog, CLICKS)
         state.rejects_before = total_records(catalog, REJECTS)
 
-        console.rule(f"3/6 clicks at {options.rate:,.0f}/s for {options.seconds:.0f}s (gendata), live")
+        console.rule(f"3/7 clicks at {options.rate:,.0f}/s for {options.seconds:.0f}s (gendata), live")
         stream(console, options, config, conn, catalog, processes, tracker, state, status_file)
 
         catch_up(catalog, tracker, state, processes, timeout=90)
@@ -121,23 +122,29 @@ def run_demo(console: Console, options: DemoOptions) -> None:
         if failed:
             raise RuntimeError(f"jobs exited with errors: {failed}; logs in {processes.log_dir}")
 
-        console.rule("4/6 effect of the two statements")
+        console.rule("4/7 effect of the two statements")
         show_effect(console, catalog, state)
 
-        console.rule("5/6 batch report (Spark): member_daily_report for today")
+        console.rule("5/7 batch report (Spark): member_daily_report for today")
         report = run_job("report", "--date", datetime.now(UTC).date().isoformat(), width=width)
         console.print(report.stdout.rstrip())
         if report.returncode != 0:
             raise RuntimeError(f"batch report failed:\n{report.stderr[-2000:]}")
         console.print("  member 555655 now counts under level 2 (it was 3 when the demo started)")
 
-        console.rule("6/6 maintenance: compaction, snapshot expiry, orphan files, manifests")
+        console.rule("6/7 maintenance: compaction, snapshot expiry, orphan files, manifests")
         files_before = data_files(catalog, CLICKS)
         maintenance = run_job("maintain", width=width)
         console.print(maintenance.stdout.rstrip())
         if maintenance.returncode != 0:
             raise RuntimeError(f"maintenance failed:\n{maintenance.stderr[-2000:]}")
         files_after = data_files(catalog, CLICKS)
+
+        console.rule("7/7 verify: every table reconciled with its source (Kafka offsets, MySQL rows, views)")
+        verified = run_job("verify", width=width)
+        console.print(verified.stdout.rstrip())
+        if verified.returncode != 0:
+            raise RuntimeError(f"verify exited {verified.returncode}:\n{verified.stderr[-2000:]}")
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping the jobs (each finishes and commits its batch)[/]")
         raise

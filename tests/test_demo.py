@@ -26,7 +26,7 @@ def test_short_demo_runs_the_scenario_end_to_end(demo_env, tmp_path):
     result = run_cli("demo", "--seconds", "30", "--rate", "200", timeout=900, check=False, env=demo_env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
-    for stage in ("1/6", "2/6", "3/6", "4/6", "5/6", "6/6", "demo summary", "demo done"):
+    for stage in ("1/7", "2/7", "3/7", "4/7", "5/7", "6/7", "7/7", "demo summary", "demo done"):
         assert stage in out
     assert "memberLevel=2" in out  # the source system's UPDATE reached dim_db.user_member
 

@@ -41,7 +41,7 @@ MUST_RUN = [
     "jobs/README.md",
     *(
         f"jobs/{job}/README.md"
-        for job in ("cdc", "ingest", "views", "report", "maintain", "streaming", "gendata")
+        for job in ("cdc", "ingest", "views", "report", "maintain", "streaming", "gendata", "verify")
     ),
 ]
 

@@ -5,7 +5,8 @@
   nothing of the repository (each is deployed from its own folder).
 - each job's room (`jobs/<job>/`) imports the shared code (`jobs/common`, `jobs/config.py`,
   `jobs/registry.py`) and itself, not another job's room; only the streaming application composes
-  the streaming jobs, and runs `maintain` where nothing schedules it (the local stack).
+  the streaming jobs, and runs `maintain` where nothing schedules it (the local stack); only
+  `verify` reads through the streaming jobs' own readers (their sources and stored progress).
 - the operator CLI never loads the CDK runtime: tests/infra/test_infra_config.py.
 """
 
@@ -18,7 +19,8 @@ from pathlib import Path
 from jobs.registry import JOBS, Kind
 
 REPO = Path(__file__).resolve().parents[1]
-STREAMING_COMPOSES = {name for name, job in JOBS.items() if job.kind is Kind.STREAMING} | {"maintain"}
+STREAMING_JOBS = {name for name, job in JOBS.items() if job.kind is Kind.STREAMING}
+STREAMING_COMPOSES = STREAMING_JOBS | {"maintain"}
 FIRST_PARTY = ("jobs", "infra", "lakehouse", "bench", "tests")
 
 
@@ -70,7 +72,9 @@ def wrong_way_imports(path: Path) -> list[str]:
             problems.append(f"{where}: product code never imports benchmarks or tests")
         if top == "jobs":
             own, other = room(".".join(relative.with_suffix("").parts)), room(module)
-            composes = own == "streaming" and other in STREAMING_COMPOSES
+            composes = (own == "streaming" and other in STREAMING_COMPOSES) or (
+                own == "verify" and other in STREAMING_JOBS
+            )
             if other is not None and other != own and not composes:
                 problems.append(f"{where}: a job's room is its own (share through jobs/common)")
     return problems
@@ -96,6 +100,7 @@ def test_the_scan_catches_each_kind_of_wrong_way_import(tmp_path, monkeypatch):
         "jobs/views/relative.py": "from ..ingest import validation\n",
         "jobs/common/shared.py": "import jobs.ingest.validation as v\n",
         "jobs/streaming/bad.py": "from jobs.report import job\n",
+        "jobs/verify/bad.py": "from jobs.report import job\n",
         "infra/bad.py": "from lakehouse import demo\n",
         "infra/lambdas/handler/bad.py": "from jobs.config import CLICK_TOPIC\n",
         "lakehouse/bad.py": "from tests import support\n",

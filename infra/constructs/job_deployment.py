@@ -171,6 +171,7 @@ class JobDeployment(Construct):
         daily = scheduler.ScheduleExpression.cron(hour=str(settings.report_hour_utc), minute="30")
         for job, expression in (
             ("report", daily),
+            ("verify", scheduler.ScheduleExpression.cron(hour=str(settings.verify_hour_utc), minute="15")),
             ("maintain", scheduler.ScheduleExpression.rate(Duration.hours(settings.maintain_every_hours))),
         ):
             scheduler.Schedule(

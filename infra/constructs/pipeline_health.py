@@ -12,6 +12,7 @@ from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from infra.config import PipelineAlarmSettings
+from jobs.verify.findings import RECONCILE_METRIC
 
 # (job, table) pairs the jobs report; the click table is the one the clickstream alarms watch.
 CLICKS = ("ingest", "ods_behavior.clickevent")
@@ -163,6 +164,24 @@ class PipelineHealth(Construct):
             "delete clicks it has not read",
             job_metric("LagSeconds", *CLICKS, "Maximum", Duration.minutes(5)),
             self.half_retention_seconds,
+            1,
+            not_breaching,
+        )
+
+        # The daily reconciliation found the lake unequal to a source (exit 1 also fails its state
+        # machine, which alerts; this alarm names the metric to read per table).
+        alarm(
+            "ReconcileMismatches",
+            "`lakehouse verify` found the lake unequal to its sources: see the verify step's output "
+            "(`lakehouse aws logs verify`) for the tables, offsets and keys, and docs/operate.md",
+            cloudwatch.Metric(
+                namespace=namespace,
+                metric_name=RECONCILE_METRIC,
+                dimensions_map={"Job": "verify"},
+                statistic="Maximum",
+                period=Duration.hours(6),
+            ),
+            1,
             1,
             not_breaching,
         )

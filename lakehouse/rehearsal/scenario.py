@@ -9,8 +9,10 @@ packaged artifact only, on this machine.
    template arguments, then a Spark standalone master and worker.
 3. The steps, with their template arguments (values substituted, see `substitutions.py`): gendata
    (its state machine), the supervisor's streaming step(s) until the lake holds what went in, then
-   report and maintain (their state machines). One line per step: arguments, result, time.
-4. The verdict: the lake compared with the topic and the source tables, as multisets.
+   report, maintain and verify (their state machines; verify exits 1 on a mismatch). One line per
+   step: arguments, result, time.
+4. The verdict: the lake compared with the topic and the source tables, as multisets, by the
+   rehearsal's own readers (independent of verify's).
 """
 
 from __future__ import annotations
@@ -259,9 +261,14 @@ class Rehearsal:
             raise failure
         self._run_step(batch["report"], env)
         self._run_step(batch["maintain"], env)
+        self._run_step(batch["verify"], env)  # the product's own reconciliation: exit 1 on a mismatch
         problems = self._verify(topic, bad, state)
-        if not moto.metric_names("Lakehouse/dev", REHEARSAL_REGION):
+        problems += self._verify_step_checked()
+        published = moto.metric_names("Lakehouse/dev", REHEARSAL_REGION)
+        if not published:
             problems.append("no job metric reached CloudWatch (moto) in namespace Lakehouse/dev")
+        if "ReconcileMismatches" not in published:
+            problems.append("verify published no ReconcileMismatches to CloudWatch (moto)")
         return problems
 
     def localized_args(self, step: StepDefinition) -> list[str]:
@@ -427,6 +434,27 @@ class Rehearsal:
             f"against {len(topic)} topic records; dimensions against MySQL; views; report"
         )
         return problems
+
+    def _verify_step_checked(self) -> list[str]:
+        """The verify step's own verdict lines: every check ran and compared something (how much of
+        the topic it compares depends on the local broker's retention; the rehearsal's own readers
+        compare everything)."""
+        output = (self.work_dir / "steps" / "verify" / "stdout").read_text(errors="replace")
+        lines = re.findall(r"^verify: (.+): (ok|mismatch|cannot run) \((\d+) compared.*$", output, re.M)
+        for what, status, compared in lines:
+            self.log(f"verify step: {what}: {status}, {compared} compared")
+        found = {what: (status, int(compared)) for what, status, compared in lines}
+        expected = (
+            "kafka -> clicks ods_behavior.clickevent",
+            "mysql -> dimension dim_db.products",
+            "mysql -> dimension dim_db.user_member",
+            "clicks -> views ads_behavior.product_views",
+        )
+        return [
+            f"verify step: {what} did not run clean on something (found {found.get(what)})"
+            for what in expected
+            if found.get(what, ("", 0))[0] != "ok" or found[what][1] < 1
+        ]
 
     def _print_summary(self, seconds: float) -> None:
         self.log("")

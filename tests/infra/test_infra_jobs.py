@@ -217,6 +217,10 @@ def test_batch_jobs_run_on_schedule_through_state_machines_that_alert(synthesize
         "AWS::Scheduler::Schedule", {"ScheduleExpression": f"cron(30 {hour} * * ? *)"}
     )
     template.has_resource_properties("AWS::Scheduler::Schedule", {"ScheduleExpression": "rate(1 hour)"})
+    verify_hour = synthesized.config.jobs.verify_hour_utc
+    template.has_resource_properties(
+        "AWS::Scheduler::Schedule", {"ScheduleExpression": f"cron(15 {verify_hour} * * ? *)"}
+    )
 
 
 def test_step_functions_and_the_supervisor_touch_steps_of_this_cluster_only(synthesized):
@@ -229,8 +233,8 @@ def test_step_functions_and_the_supervisor_touch_steps_of_this_cluster_only(synt
             actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
             if any(a.startswith("elasticmapreduce:") for a in actions):
                 emr_statements.append(statement)
-    # supervisor + report, maintain (+ gendata in dev)
-    assert len(emr_statements) == 3 + synthesized.config.jobs.deploy_gendata
+    # supervisor + report, maintain, verify (+ gendata in dev)
+    assert len(emr_statements) == 4 + synthesized.config.jobs.deploy_gendata
     for statement in emr_statements:
         resource = json.dumps(statement["Resource"])
         assert "cluster/*" not in resource and "cluster/" in resource
@@ -243,7 +247,7 @@ def test_every_step_caps_its_executors(synthesized):
     resources = synthesized.config.jobs
     machines = synthesized.template("Jobs").find_resources("AWS::StepFunctions::StateMachine")
     definitions = [_definition(m) for m in machines.values() if "addStep.sync" in _definition(m)]
-    assert len(definitions) == 2 + resources.deploy_gendata  # report, maintain (+ gendata in dev)
+    assert len(definitions) == 3 + resources.deploy_gendata  # report, maintain, verify (+ gendata in dev)
     for definition in definitions:
         for key, value in resources.batch_resources.submit_conf().items():
             assert f"{key}={value}" in definition

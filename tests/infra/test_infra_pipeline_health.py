@@ -116,6 +116,10 @@ def expected_alarms(env, freshness, no_commit_seconds, rejects, restarts, free_b
         1,
         metric(namespace, "LagSeconds", CLICKS, "Maximum", 300),
     )
+    expected[
+        "`lakehouse verify` found the lake unequal to its sources: see the verify step's output "
+        "(`lakehouse aws logs verify`) for the tables, offsets and keys, and docs/operate.md"
+    ] = (1, GTE, 1, metric(namespace, "ReconcileMismatches", {"Job": "verify"}, "Maximum", 6 * 3600))
     expected["Source MySQL is running out of storage"] = (
         free_bytes,
         LT,

@@ -1,0 +1,213 @@
+"""Job `verify`: reconcile every table with its source; exit 0 all match, 1 a mismatch, 2 cannot run.
+
+Checks (each reads pinned snapshots, so the jobs may keep running meanwhile):
+  kafka -> clicks     every offset the ingest stored is in clickevent or its rejects, exactly once
+  mysql -> dimension  each CDC table equals its MySQL table (changes in flight explained by the binlog)
+  clicks -> views     product_views equals the GROUP BY of the clicks up to its watermark
+Nothing is repaired: each mismatch comes with a hint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from jobs.common.job_args import (
+    JobArgumentParser,
+    add_environment_args,
+    config_from_args,
+    reports_config_errors,
+)
+from jobs.config import ConfigError, LakehouseConfig
+from jobs.verify.findings import CheckResult, as_json, exit_code, metric_data, render, timed
+
+log = logging.getLogger("verify")
+
+VERIFY_SERVER_ID = 4290  # its own binlog reader beside CDC's (4201)
+CLICKS, VIEWS = "ods_behavior.clickevent", "ads_behavior.product_views"
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = JobArgumentParser(prog="lakehouse verify", description=__doc__.strip().splitlines()[0])
+    add_environment_args(parser)
+    parser.add_argument(
+        "--tables",
+        action="append",
+        default=[],
+        metavar="TABLE[,TABLE]",
+        help=f"only these: {CLICKS} (the Kafka check), {VIEWS}, dim_db.<table> (default: all)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--server-id",
+        type=int,
+        default=VERIFY_SERVER_ID,
+        help=f"replication client id of verify's binlog reader (default {VERIFY_SERVER_ID}; one per reader)",
+    )
+    args = parser.parse_args(list(argv))
+    args.tables = [t.strip() for group in args.tables for t in group.split(",") if t.strip()]
+    return args
+
+
+def _wanted(tables: list[str], name: str) -> bool:
+    short = name.split(".")[-1]
+    return not tables or any(t in (name, short, f"lakehouse.{name}") for t in tables)
+
+
+def verify_clicks(spark, config: LakehouseConfig) -> CheckResult:
+    from jobs.common.kafka_client import kafka_client_config
+    from jobs.common.lake_tables import FACT_TABLE, OFFSETS_KEY, REJECTS_TABLE, offsets_from_summary
+    from jobs.common.snapshot_progress import progress_as_of
+    from jobs.ingest.kafka_source import BrokerUnavailable, TopicMetadata
+    from jobs.verify.clicks import check_clicks
+    from jobs.verify.dimensions import main_snapshot
+
+    fact_table, rejects_table = config.table(*FACT_TABLE), config.table(*REJECTS_TABLE)
+    if not spark.catalog.tableExists(fact_table):
+        return CheckResult("kafka -> clicks", CLICKS, error=f"{fact_table} does not exist: run the ingest")
+
+    def pinned(table: str):
+        snapshot = main_snapshot(spark, table)
+        if snapshot is None:
+            return None, {}
+        stored = offsets_from_summary(progress_as_of(spark, table, snapshot, OFFSETS_KEY), config.kafka.topic)
+        return spark.sql(f"SELECT * FROM {table} VERSION AS OF {snapshot}"), stored
+
+    fact, fact_stored = pinned(fact_table)
+    has_rejects = spark.catalog.tableExists(rejects_table)
+    rejects, rejects_stored = pinned(rejects_table) if has_rejects else (None, {})
+    if fact is None:
+        return CheckResult("kafka -> clicks", CLICKS, notes=["the click table is empty"])
+    metadata = TopicMetadata(lambda: kafka_client_config(config.kafka))
+    try:
+        earliest = {
+            p: metadata.earliest_offset(config.kafka.topic, p) for p in set(fact_stored) | set(rejects_stored)
+        }
+    except BrokerUnavailable as exc:
+        return CheckResult("kafka -> clicks", CLICKS, error=f"Kafka cannot tell what the topic holds: {exc}")
+    finally:
+        metadata.close()
+    return check_clicks(spark, fact, rejects, fact_stored, rejects_stored, earliest, CLICKS)
+
+
+def verify_views(spark, config: LakehouseConfig) -> CheckResult:
+    from jobs.common.lake_tables import FACT_TABLE, VIEWS_TABLE
+    from jobs.common.progress_keys import VIEWS_CLICK_OFFSETS
+    from jobs.common.snapshot_progress import progress_as_of
+    from jobs.verify.dimensions import main_snapshot
+    from jobs.verify.views import check_views
+    from jobs.views.job import watermark_from_summary
+
+    views_table, fact_table = config.table(*VIEWS_TABLE), config.table(*FACT_TABLE)
+    if not spark.catalog.tableExists(views_table) or not spark.catalog.tableExists(fact_table):
+        return CheckResult("clicks -> views", VIEWS, error="the view or the click table does not exist yet")
+    snapshot = main_snapshot(spark, views_table)
+    if snapshot is None:
+        return CheckResult("clicks -> views", VIEWS, notes=["the view is empty"])
+    _, watermark = watermark_from_summary(progress_as_of(spark, views_table, snapshot, VIEWS_CLICK_OFFSETS))
+    views = spark.sql(f"SELECT * FROM {views_table} VERSION AS OF {snapshot}")
+    return check_views(spark.table(fact_table), views, watermark, VIEWS)
+
+
+def cdc_tables(spark, config: LakehouseConfig) -> list[tuple[str, tuple[str, str]]]:
+    """(target, (schema, table)) of every CDC table in dim_db: those with a stored binlog position."""
+    from jobs.cdc.snapshot import STAGING_SUFFIX
+    from jobs.cdc.target_table import POSITION_KEY, SOURCE_PROPERTY
+    from jobs.common.snapshot_progress import progress_as_of
+
+    namespace = f"{config.catalog.name}.dim_db"
+    if not spark.catalog.databaseExists(namespace):
+        return []
+    found = []
+    for row in spark.sql(f"SHOW TABLES IN {namespace}").collect():
+        name = row["tableName"]
+        target = f"{namespace}.{name}"
+        if STAGING_SUFFIX in name or progress_as_of(spark, target, None, POSITION_KEY) is None:
+            continue
+        properties = dict(spark.sql(f"SHOW TBLPROPERTIES {target}").collect())
+        schema, _, table = properties.get(SOURCE_PROPERTY, f"{config.mysql.database}.{name}").partition(".")
+        found.append((target, (schema, table)))
+    return sorted(found)
+
+
+def verify_dimensions(spark, config: LakehouseConfig, tables: list[str], server_id: int) -> list[CheckResult]:
+    import pymysql
+
+    from jobs.cdc import source_db
+    from jobs.verify.dimensions import check_dimension
+
+    wanted = [(t, s) for t, s in cdc_tables(spark, config) if _wanted(tables, ".".join(t.split(".")[-2:]))]
+    if not wanted:
+        return []
+    credentials = source_db.cdc_credentials(config)
+    try:
+        conn = source_db.connect(config, credentials)
+    except (ConfigError, pymysql.err.OperationalError) as exc:  # every dimension check cannot run
+        return [
+            CheckResult("mysql -> dimension", ".".join(t.split(".")[-2:]), error=f"MySQL unreachable: {exc}")
+            for t, _ in wanted
+        ]
+    try:
+        settings = source_db.connection_settings(config, credentials)
+        is_mariadb = source_db.is_mariadb(conn)
+        return [
+            timed(check_dimension, spark, conn, target, source, settings, server_id, is_mariadb)
+            for target, source in wanted
+        ]
+    finally:
+        conn.close()
+
+
+def run_checks(spark, config: LakehouseConfig, tables: list[str], server_id: int) -> list[CheckResult]:
+    results = []
+    if _wanted(tables, CLICKS):
+        results.append(timed(verify_clicks, spark, config))
+    results += verify_dimensions(spark, config, tables, server_id)
+    if _wanted(tables, VIEWS):
+        results.append(timed(verify_views, spark, config))
+    return results
+
+
+def publish(config: LakehouseConfig, results: list[CheckResult]) -> None:
+    """The mismatch counts to CloudWatch (the alarm's input); a failure here changes no verdict."""
+    import boto3
+
+    try:
+        boto3.client("cloudwatch", region_name=config.region).put_metric_data(
+            Namespace=f"Lakehouse/{config.env}", MetricData=metric_data(results)
+        )
+    except Exception as exc:  # noqa: BLE001 - the results are printed either way
+        log.warning("could not publish %s to CloudWatch: %s", "ReconcileMismatches", exc)
+
+
+@reports_config_errors
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    config = config_from_args(args)
+
+    from jobs.common.spark_session import build_spark, stop_spark
+
+    spark = build_spark(config, "verify")
+    try:
+        results = run_checks(spark, config, args.tables, args.server_id)
+    finally:
+        stop_spark(spark)
+    if not results:
+        raise ConfigError(f"--tables {','.join(args.tables)}: no such table to verify")
+    if not config.is_local:
+        publish(config, results)
+    if args.json:
+        print(as_json(results))
+    else:
+        from rich.console import Console
+
+        # Step logs are no terminal: rich would wrap the table at 80 columns.
+        render(results, Console() if sys.stdout.isatty() else Console(width=140))
+    return exit_code(results)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

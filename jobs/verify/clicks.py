@@ -1,0 +1,153 @@
+"""Kafka -> clickevent + rejects: every offset the ingest says it read is in exactly one table, once.
+
+Per partition, the offsets from the earliest the topic still holds up to the lower of the two
+tables' stored offsets (`lakehouse.kafka.offsets`; the rejects commit every 10 s, so their stored
+offsets may trail the fact table's) must each appear exactly once across the two tables. Reported
+as offset ranges: missing (in neither table), duplicate (more than one row), and rows past their own
+table's stored offsets (no ingest commit writes those). Offsets the topic no longer holds are
+checked for duplicates only, and named in a note.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.window import Window
+
+from jobs.verify.findings import CheckResult, Finding, ranges_text
+
+Offsets = dict[int, int]  # partition -> offset
+
+LOST_HINT = (
+    "the ingest stored these offsets as read but neither table has them. If the topic still holds "
+    "them: roll the fact table back to a snapshot from before the loss "
+    "(`CALL lakehouse.system.rollback_to_snapshot('ods_behavior.clickevent', <id>)`, ids in "
+    "`ods_behavior.clickevent.history`) and run the ingest again: it resumes from that snapshot's offsets"
+)
+DUPLICATE_HINT = (
+    "these offsets are stored more than once: find the snapshot that added the copies "
+    "(`SELECT * FROM ods_behavior.clickevent.snapshots`) and roll back to the one before it, or delete "
+    "the extra rows by (kafka_partition, kafka_offset, ingested_at)"
+)
+BEYOND_HINT = (
+    "rows past the offsets their table stored: something other than the ingest appended them; find "
+    "its snapshot in the table's `.snapshots` and roll back to the one before it"
+)
+
+
+def lineage(fact: DataFrame, rejects: DataFrame | None) -> DataFrame:
+    """(kafka_partition, kafka_offset, in_table) of every row of both tables."""
+    rows = fact.select("kafka_partition", "kafka_offset", F.lit("clickevent").alias("in_table"))
+    if rejects is not None:
+        rows = rows.unionByName(
+            rejects.select("kafka_partition", "kafka_offset", F.lit("clickevent_rejects").alias("in_table"))
+        )
+    return rows
+
+
+def _islands(offsets: DataFrame) -> DataFrame:
+    """Consecutive offsets per partition -> (kafka_partition, first, last)."""
+    order = Window.partitionBy("kafka_partition").orderBy("kafka_offset")
+    return (
+        offsets.withColumn("island", F.col("kafka_offset") - F.row_number().over(order))
+        .groupBy("kafka_partition", "island")
+        .agg(F.min("kafka_offset").alias("first"), F.max("kafka_offset").alias("last"))
+        .drop("island")
+    )
+
+
+def duplicate_ranges(rows: DataFrame) -> DataFrame:
+    """Offsets with more than one row (either table), as ranges."""
+    repeated = rows.groupBy("kafka_partition", "kafka_offset").count().where("count > 1")
+    return _islands(repeated.select("kafka_partition", "kafka_offset"))
+
+
+def bounds_frame(spark: SparkSession, low: Offsets, high: Offsets) -> DataFrame:
+    pairs = [(p, low.get(p, 0), high[p]) for p in sorted(high) if high[p] > low.get(p, 0)]
+    return spark.createDataFrame(pairs, "kafka_partition int, low long, high long")
+
+
+def missing_ranges(rows: DataFrame, bounds: DataFrame) -> DataFrame:
+    """Offsets in [low, high) per partition that no row has, as ranges (two sentinels per partition
+    mark the bounds, so gaps at either end show as well)."""
+    present = (
+        rows.join(bounds, "kafka_partition")
+        .where((F.col("kafka_offset") >= F.col("low")) & (F.col("kafka_offset") < F.col("high")))
+        .select("kafka_partition", "kafka_offset")
+        .distinct()
+    )
+    sentinels = bounds.select("kafka_partition", (F.col("low") - 1).alias("kafka_offset")).unionByName(
+        bounds.select("kafka_partition", F.col("high").alias("kafka_offset"))
+    )
+    order = Window.partitionBy("kafka_partition").orderBy("kafka_offset")
+    return (
+        present.unionByName(sentinels)
+        .withColumn("next", F.lead("kafka_offset").over(order))
+        .where(F.col("next") > F.col("kafka_offset") + 1)
+        .select(
+            "kafka_partition", (F.col("kafka_offset") + 1).alias("first"), (F.col("next") - 1).alias("last")
+        )
+    )
+
+
+def beyond_stored(table_rows: DataFrame, stored: Offsets) -> DataFrame:
+    """Rows of one table at or past that table's own stored offset (or of a partition it never stored)."""
+    known = list(stored)
+    condition = ~F.col("kafka_partition").isin(known) if known else F.lit(True)
+    for partition, end in stored.items():
+        condition = condition | ((F.col("kafka_partition") == partition) & (F.col("kafka_offset") >= end))
+    return _islands(table_rows.where(condition).select("kafka_partition", "kafka_offset").distinct())
+
+
+def _collect(ranges: DataFrame) -> list[tuple[int, int, int]]:
+    return sorted((r["kafka_partition"], r["first"], r["last"]) for r in ranges.collect())
+
+
+def _count(ranges: list[tuple[int, int, int]]) -> int:
+    return sum(last - first + 1 for _, first, last in ranges)
+
+
+def check_clicks(
+    spark: SparkSession,
+    fact: DataFrame,
+    rejects: DataFrame | None,
+    fact_stored: Offsets,
+    rejects_stored: Offsets,
+    earliest: Offsets,
+    table: str,
+) -> CheckResult:
+    """Compare the two tables' lineage with the offsets the ingest stored and the topic holds."""
+    result = CheckResult("kafka -> clicks", table)
+    partitions = set(fact_stored) | set(rejects_stored)
+    high = {p: min(fact_stored.get(p, 0), rejects_stored.get(p, 0)) for p in partitions}
+    low = {p: max(earliest.get(p, 0), 0) for p in partitions}
+    rows = lineage(fact, rejects).cache()
+    try:
+        missing = _collect(missing_ranges(rows, bounds_frame(spark, low, high)))
+        duplicates = _collect(duplicate_ranges(rows))
+        beyond = _collect(beyond_stored(rows.where("in_table = 'clickevent'"), fact_stored))
+        if rejects is not None:
+            beyond += _collect(beyond_stored(rows.where("in_table = 'clickevent_rejects'"), rejects_stored))
+        result.compared = sum(max(0, high[p] - low[p]) for p in partitions)
+        for kind, ranges, hint in (
+            ("missing offsets", missing, LOST_HINT),
+            ("duplicate offsets", duplicates, DUPLICATE_HINT),
+            ("offsets past the stored ones", sorted(beyond), BEYOND_HINT),
+        ):
+            if ranges:
+                result.findings.append(Finding(kind, _count(ranges), ranges_text(ranges), hint))
+        oldest = {r[0]: r[1] for r in rows.groupBy("kafka_partition").agg(F.min("kafka_offset")).collect()}
+    finally:
+        rows.unpersist()
+    for p in sorted(partitions):
+        if oldest.get(p, low[p]) < low[p]:
+            result.notes.append(
+                f"partition {p}: offsets {oldest[p]}-{low[p] - 1} are no longer in the topic; "
+                "checked for duplicates only"
+            )
+        if fact_stored.get(p, 0) > high[p]:
+            result.notes.append(
+                f"partition {p}: offsets {high[p]}-{fact_stored[p] - 1} wait for the rejects' next commit "
+                "(every 10 s); checked from the next run on"
+            )
+    return result

@@ -1,0 +1,119 @@
+"""What a reconciliation check found: one result per check and table, shown as a table or JSON.
+
+Exit codes (`exit_code`): 0 everything matches, 1 a mismatch somewhere, 2 a check could not run
+(and none found a mismatch). A mismatch is never repaired here: each finding carries a hint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+EXAMPLES = 10  # differences listed per finding; the count covers them all
+
+OK, MISMATCH, CANNOT_RUN = "ok", "mismatch", "cannot run"
+# CloudWatch metric (namespace Lakehouse/<env>): per check and table, and the total under {"Job": "verify"},
+# which the ReconcileMismatches alarm watches (infra/constructs/pipeline_health.py).
+RECONCILE_METRIC = "ReconcileMismatches"
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str  # e.g. "missing offsets", "duplicate offsets", "row differs", "count differs"
+    count: int  # how many offsets, rows or groups
+    examples: tuple[str, ...]  # the first EXAMPLES, as offset ranges or keys
+    hint: str
+
+
+@dataclass
+class CheckResult:
+    check: str  # "kafka -> clicks", "mysql -> dimension", "clicks -> views"
+    table: str
+    compared: int = 0  # offsets, rows or groups compared
+    findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was not compared, and why; in-flight changes
+    error: str | None = None  # why the check could not run
+    seconds: float = 0.0
+
+    @property
+    def status(self) -> str:
+        if self.error is not None:
+            return CANNOT_RUN
+        return MISMATCH if self.findings else OK
+
+    @property
+    def mismatches(self) -> int:
+        return sum(f.count for f in self.findings)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "status": self.status, "mismatches": self.mismatches}
+
+
+def timed(check, *args, **kwargs) -> CheckResult:
+    began = time.monotonic()
+    result = check(*args, **kwargs)
+    result.seconds = round(time.monotonic() - began, 2)
+    return result
+
+
+def exit_code(results: Sequence[CheckResult]) -> int:
+    if any(r.status == MISMATCH for r in results):
+        return 1
+    return 2 if any(r.status == CANNOT_RUN for r in results) else 0
+
+
+def ranges_text(ranges: Sequence[tuple[int, int, int]]) -> tuple[str, ...]:
+    """(partition, first, last) -> 'partition 0: 17-19' (one offset: 'partition 0: 17')."""
+    return tuple(
+        f"partition {p}: {first}" if first == last else f"partition {p}: {first}-{last}"
+        for p, first, last in ranges[:EXAMPLES]
+    )
+
+
+def metric_data(results: Sequence[CheckResult]) -> list[dict]:
+    """CloudWatch MetricData: the mismatches of every check that ran, and their total."""
+    ran = [r for r in results if r.status != CANNOT_RUN]
+
+    def datum(value: int, **dimensions: str) -> dict:
+        dims = [{"Name": "Job", "Value": "verify"}, *({"Name": k, "Value": v} for k, v in dimensions.items())]
+        return {"MetricName": RECONCILE_METRIC, "Dimensions": dims, "Value": float(value), "Unit": "Count"}
+
+    return [datum(sum(r.mismatches for r in ran)), *(datum(r.mismatches, Table=r.table) for r in ran)]
+
+
+def as_json(results: Sequence[CheckResult]) -> str:
+    return json.dumps(
+        {"exit_code": exit_code(results), "checks": [r.to_dict() for r in results]}, indent=2, default=str
+    )
+
+
+def render(results: Sequence[CheckResult], console) -> None:
+    """One summary table, then each finding with its examples and repair hint (rich)."""
+    from rich.table import Table
+
+    summary = Table(title="lakehouse verify", title_justify="left")
+    for column in ("check", "table", "status", "compared", "mismatches", "seconds"):
+        numeric = column in ("compared", "mismatches", "seconds")
+        summary.add_column(column, justify="right" if numeric else "left")
+    colour = {OK: "green", MISMATCH: "red", CANNOT_RUN: "yellow"}
+    for r in results:
+        summary.add_row(
+            r.check, r.table, f"[{colour[r.status]}]{r.status}[/]", f"{r.compared:,}", f"{r.mismatches:,}",
+            f"{r.seconds:.1f}",
+        )  # fmt: skip
+    console.print(summary)
+    for r in results:
+        if r.error:
+            console.print(f"[yellow]{r.check} {r.table}: cannot run: {r.error}[/]")
+        for f in r.findings:
+            console.print(f"[red]{r.check} {r.table}: {f.count:,} {f.kind}[/]: {', '.join(f.examples)}")
+            console.print(f"  repair: {f.hint}")
+        for note in r.notes:
+            console.print(f"  {r.table}: {note}")
+    for r in results:  # one plain line per check: what step logs are searched for
+        console.print(
+            f"verify: {r.check} {r.table}: {r.status} ({r.compared} compared, {r.mismatches} mismatches)",
+            soft_wrap=True, highlight=False, markup=False,
+        )  # fmt: skip

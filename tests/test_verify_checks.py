@@ -1,0 +1,117 @@
+"""The reconciliation's transforms on small, hand-made inputs whose answer is known: offset ranges
+missing or stored twice (at the bounds too), rows past their table's stored offsets, view counts
+against the clicks they counted (NULL groups included), and the exit codes."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from jobs.verify.clicks import beyond_stored, bounds_frame, check_clicks, duplicate_ranges, missing_ranges
+from jobs.verify.findings import CheckResult, Finding, exit_code, metric_data
+from jobs.verify.views import check_views
+
+
+def _lineage(spark, pairs):
+    return spark.createDataFrame(pairs, "kafka_partition int, kafka_offset long")
+
+
+def _ranges(frame) -> list[tuple[int, int, int]]:
+    return sorted((r["kafka_partition"], r["first"], r["last"]) for r in frame.collect())
+
+
+def test_missing_offsets_come_as_ranges_including_both_ends(spark) -> None:
+    rows = _lineage(spark, [(0, o) for o in (2, 3, 6, 7, 9)] + [(1, 0), (1, 1)])
+    bounds = bounds_frame(spark, {0: 0, 1: 0, 2: 5}, {0: 12, 1: 2, 2: 8})
+    # partition 0: 0-1 before the first row, 4-5 and 8 between, 10-11 after the last;
+    # partition 1 complete; partition 2 holds no row at all in [5, 8).
+    assert _ranges(missing_ranges(rows, bounds)) == [(0, 0, 1), (0, 4, 5), (0, 8, 8), (0, 10, 11), (2, 5, 7)]
+
+
+def test_offsets_below_the_earliest_or_at_the_stored_end_are_not_gaps(spark) -> None:
+    rows = _lineage(spark, [(0, o) for o in (5, 6, 7)])
+    assert _ranges(missing_ranges(rows, bounds_frame(spark, {0: 5}, {0: 8}))) == []
+
+
+def test_duplicates_come_as_ranges(spark) -> None:
+    rows = _lineage(spark, [(0, 1), (0, 3), (0, 3), (0, 4), (0, 4), (0, 4), (0, 9), (0, 9), (1, 3), (1, 3)])
+    assert _ranges(duplicate_ranges(rows)) == [(0, 3, 4), (0, 9, 9), (1, 3, 3)]
+
+
+def test_rows_past_their_tables_stored_offsets(spark) -> None:
+    rows = _lineage(spark, [(0, 1), (0, 2), (0, 3), (0, 4), (1, 0), (2, 7)])
+    # partition 0 stored up to 3 (offsets 3 and 4 are past it); partition 2 never stored
+    assert _ranges(beyond_stored(rows, {0: 3, 1: 1})) == [(0, 3, 4), (2, 7, 7)]
+
+
+def test_check_clicks_counts_what_it_compared_and_waits_for_the_rejects(spark) -> None:
+    fact = _lineage(spark, [(0, o) for o in range(10) if o != 4])
+    rejects = _lineage(spark, [(0, 4)])
+    result = check_clicks(spark, fact, rejects, {0: 10}, {0: 8}, {0: 0}, "t")
+    assert result.status == "ok" and result.compared == 8
+    assert any("8-9 wait for the rejects" in note for note in result.notes)
+    # The rejects lost offset 4: missing, and named.
+    lost = check_clicks(spark, fact, rejects.where("kafka_offset <> 4"), {0: 10}, {0: 10}, {0: 0}, "t")
+    assert [(f.kind, f.count, f.examples) for f in lost.findings] == [
+        ("missing offsets", 1, ("partition 0: 4",))
+    ]
+
+
+def test_offsets_the_topic_no_longer_holds_are_named(spark) -> None:
+    fact = _lineage(spark, [(0, o) for o in range(3, 10)])
+    result = check_clicks(spark, fact, None, {0: 10}, {0: 10}, {0: 5}, "t")
+    assert result.status == "ok" and result.compared == 5
+    (note,) = result.notes
+    assert note == "partition 0: offsets 3-4 are no longer in the topic; checked for duplicates only"
+
+
+def _clicks(spark, rows):
+    return spark.createDataFrame(
+        rows, "productId string, name string, product_price decimal(10,4), uid string, "
+        "kafka_partition int, kafka_offset long",
+    )  # fmt: skip
+
+
+def _views(spark, rows):
+    schema = "productId string, name string, product_price decimal(10,4), views long"
+    return spark.createDataFrame(rows, schema)
+
+
+def test_views_equal_the_counted_clicks_and_a_miscount_is_named(spark) -> None:
+    price = Decimal("1.5000")
+    clicks = _clicks(
+        spark,
+        [
+            ("p1", "one", price, "u1", 0, 0),
+            ("p1", "one", price, "u2", 0, 1),
+            (None, None, None, "u3", 1, 0),  # an unknown product: its own group
+            ("p1", "one", price, None, 1, 1),  # count(uid) leaves it out
+            ("p2", "two", price, "u4", 0, 2),  # above the watermark: not counted yet
+        ],
+    )
+    watermark = {0: 2, 1: 2}
+    right = _views(spark, [("p1", "one", price, 2), (None, None, None, 1)])
+    assert check_views(clicks, right, watermark, "v").status == "ok"
+    wrong = _views(spark, [("p1", "one", price, 3), (None, None, None, 1), ("p9", "x", price, 1)])
+    (finding,) = check_views(clicks, wrong, watermark, "v").findings
+    assert finding.count == 2
+    assert finding.examples == ("p1/one/1.5000: 3 counted of 2", "p9/x/1.5000: 1 counted of 0")
+
+
+@pytest.mark.parametrize(
+    ("statuses", "code"),
+    [(("ok", "ok"), 0), (("ok", "mismatch"), 1), (("cannot run", "ok"), 2), (("cannot run", "mismatch"), 1)],
+)
+def test_exit_codes(statuses, code) -> None:
+    def result(status: str) -> CheckResult:
+        made = CheckResult("c", "t", error="down" if status == "cannot run" else None)
+        if status == "mismatch":
+            made.findings.append(Finding("k", 1, ("x",), "h"))
+        return made
+
+    results = [result(s) for s in statuses]
+    assert exit_code(results) == code
+    total = metric_data(results)[0]
+    assert total["Dimensions"] == [{"Name": "Job", "Value": "verify"}]
+    assert total["Value"] == (1.0 if "mismatch" in statuses else 0.0)
