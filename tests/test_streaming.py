@@ -1,9 +1,12 @@
-"""`lakehouse run streaming`: CDC, ingest and views in one Spark application, on a stack of its own.
+"""`lakehouse run streaming`: CDC, ingest and views in one Spark application, on a stack of its own;
+and `lakehouse verify` on the same stack.
 
 Every test compares the lake with what went in, read back by independent readers: the topic by a
-plain Kafka consumer, the source tables by SQL, the lake by pyiceberg. The three tests share the
-stack and check the same invariants over everything produced so far, so each also re-checks the
-ones before it.
+plain Kafka consumer, the source tables by SQL, the lake by pyiceberg. The tests share the stack and
+check the same invariants over everything produced so far, so each also re-checks the ones before
+it. `lakehouse verify` must agree: clean while the application runs under load and after every
+fault, and - last, as it damages the lake - it finds and names each kind of damage made behind the
+jobs' back (with pyiceberg).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from support import free_port, free_port_base, run_cli
 from test_demo import read_topic
@@ -181,6 +186,33 @@ def change_sources(stack: Stack, statements: int, seed: int) -> None:
         conn.close()
 
 
+def verify(stack: Stack, *args: str) -> tuple[int, dict]:
+    """`lakehouse verify --json`: exit code and the checks by (check, table)."""
+    result = run_cli("verify", "--json", *args, env=stack.env, timeout=600, check=False)
+    assert result.returncode in (0, 1, 2), result.stderr[-3000:]
+    try:
+        report = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(f"not JSON:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}") from None
+    assert report["exit_code"] == result.returncode
+    return result.returncode, {(c["check"], c["table"]): c for c in report["checks"]}
+
+
+def assert_verifies_clean(stack: Stack, *, whole_topic: bool) -> None:
+    code, checks = verify(stack)
+    assert code == 0, json.dumps(checks, indent=1)[:4000]
+    assert set(checks) == {
+        ("kafka -> clicks", "ods_behavior.clickevent"),
+        ("mysql -> dimension", "dim_db.products"),
+        ("mysql -> dimension", "dim_db.user_member"),
+        ("clicks -> views", "ads_behavior.product_views"),
+    }
+    assert all(c["compared"] > 0 for c in checks.values())
+    if whole_topic:  # every offset the topic holds was compared (the plain consumer counts them)
+        sent = read_topic(f"127.0.0.1:{stack.settings.kafka_port}", "clicktopic")
+        assert checks[("kafka -> clicks", "ods_behavior.clickevent")]["compared"] == len(sent)
+
+
 def wait_for(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -243,6 +275,16 @@ def test_mariadb_down_leaves_ingest_and_views_committing_and_cdc_catches_up(stac
         )
         wait_for(lambda: compacted_clicks(stack), 120, "table maintenance to compact the click table")
         assert json.loads(stack.status_file.read_text())["maintenance"]["errors"] == []
+        # Clicks and source changes flow while verify runs: no false alarm.
+        load = threading.Thread(target=stack.produce, args=(3_000, "--rate", "300"))
+        changes = threading.Thread(target=change_sources, args=(stack, 40, 4))
+        load.start()
+        changes.start()
+        try:
+            assert_verifies_clean(stack, whole_topic=False)
+        finally:
+            load.join()
+            changes.join()
     finally:
         app.send_signal(signal.SIGTERM)
         code = app.wait(120)
@@ -278,3 +320,68 @@ def test_kill_9_three_times_then_a_clean_run_loses_and_doubles_nothing(stack):
     assert producer.returncode == 0, errors
     stack.run_until_idle()
     assert_lake_equals_sources(stack)
+    assert_verifies_clean(stack, whole_topic=True)
+
+
+def table(stack: Stack, name: str):
+    return pyiceberg_catalog(stack.settings.catalog_path, stack.settings.warehouse).load_table(name)
+
+
+def test_verify_finds_and_names_damage_made_behind_the_jobs_back(stack):
+    """Last (it damages the lake): a views count off by one, a dimension row changed, a fact row
+    deleted and another of the same group stored twice. One verify run names each: the group, the
+    key, the two offsets (whose effects on the view cancel out: a count would not see them), each
+    with a repair hint, and exits 1."""
+    views = table(stack, "ads_behavior.product_views")
+    counts = views.scan().to_arrow().sort_by([("views", "descending")])
+    victim = counts.slice(0, 1).to_pylist()[0]
+    bumped = pc.add(counts["views"], pa.array([1] + [0] * (counts.num_rows - 1), pa.int64()))
+    views.overwrite(counts.set_column(counts.schema.get_field_index("views"), "views", bumped))
+
+    products = table(stack, "dim_db.products")
+    rows = products.scan().to_arrow().sort_by("productId")
+    key = rows["productId"][0].as_py()
+    names = pc.if_else(pc.equal(rows["productId"], key), pa.scalar("tampered"), rows["name"])
+    products.overwrite(rows.set_column(rows.schema.get_field_index("name"), "name", names))
+
+    clicks = table(stack, "ods_behavior.clickevent")
+    # the biggest group other than the victim's, of a known product (no NULL key)
+    other = next(
+        r for r in counts.to_pylist()[1:] if None not in (r["productId"], r["name"], r["product_price"])
+    )
+    fields = ("productId", "name", "product_price", "kafka_partition", "kafka_offset")
+    everything = clicks.scan(selected_fields=fields).to_arrow()
+    in_group = pc.and_(
+        pc.and_(
+            pc.equal(everything["productId"], other["productId"]), pc.equal(everything["name"], other["name"])
+        ),
+        pc.equal(
+            everything["product_price"], pa.scalar(other["product_price"], everything["product_price"].type)
+        ),
+    )
+    lineage = everything.filter(in_group).select(["kafka_partition", "kafka_offset"])
+    lost, copied = lineage.slice(0, 1).to_pylist()[0], lineage.slice(1, 1).to_pylist()[0]
+    where = "kafka_partition = {kafka_partition} AND kafka_offset = {kafka_offset}"
+    clicks.delete(where.format(**lost))
+    clicks.append(clicks.scan(row_filter=where.format(**copied)).to_arrow())  # now there twice
+
+    code, checks = verify(stack)
+    assert code == 1
+    (miscounted,) = checks[("clicks -> views", "ads_behavior.product_views")]["findings"]
+    assert miscounted["kind"] == "groups with a wrong count" and miscounted["count"] == 1
+    assert miscounted["examples"] == [
+        f"{victim['productId']}/{victim['name']}/{victim['product_price']}: "
+        f"{victim['views'] + 1} counted of {victim['views']}"
+    ]
+    assert "lakehouse run views" in miscounted["hint"]
+    (changed,) = checks[("mysql -> dimension", "dim_db.products")]["findings"]
+    assert changed["kind"] == "rows that differ" and changed["examples"] == [f"key {key}"]
+    assert "--resync user_db.products" in changed["hint"]
+    assert checks[("mysql -> dimension", "dim_db.user_member")]["findings"] == []
+    found = {f["kind"]: f for f in checks[("kafka -> clicks", "ods_behavior.clickevent")]["findings"]}
+    assert set(found) == {"missing offsets", "duplicate offsets"}
+    named = "partition {kafka_partition}: {kafka_offset}"
+    assert found["missing offsets"]["examples"] == [named.format(**lost)]
+    assert found["duplicate offsets"]["examples"] == [named.format(**copied)]
+    assert found["missing offsets"]["count"] == found["duplicate offsets"]["count"] == 1
+    assert "rollback_to_snapshot" in found["missing offsets"]["hint"]
