@@ -748,6 +748,67 @@ def test_create_or_replace_re_snapshots_the_table(spark, app_conn, make_sync) ->
     app_conn.commit()
 
 
+def test_a_renamed_or_swapped_table_stops_alone_and_the_others_go_on(spark, app_conn, make_sync) -> None:
+    """RENAME of a synced table stops it (its lake table stays); an online-schema-change swap
+    (`RENAME t TO t_old, t_new TO t`, the new t keyed otherwise) does not trip the binlog reader: a
+    bystander table keeps syncing and converges."""
+    name, bystander = "cdc_test_renamed", "cdc_test_bystander"
+    pair, other = fresh_test_table(spark, app_conn, name), fresh_test_table(spark, app_conn, bystander)
+    seed_rows(app_conn, name, 30)
+    seed_rows(app_conn, bystander, 30)
+    with app_conn.cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS {name}_old")
+        cur.execute(f"DROP TABLE IF EXISTS {name}_new")
+    app_conn.commit()
+    sync = make_sync(pair, other)
+    with app_conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE {name}_new (code INT PRIMARY KEY, label VARCHAR(16))")
+        cur.execute(f"RENAME TABLE {name} TO {name}_old, {name}_new TO {name}")
+        cur.execute(f"INSERT INTO {name} (code, label) VALUES (1, 'x'), (2, 'y')")  # no `id`, the old key
+    app_conn.commit()
+    random_workload(app_conn, bystander, 40, seed=12, keys=30)
+    catch_up(sync)
+    (error,) = sync.errors
+    assert error.startswith(f"lakehouse.dim_db.{name}:") and "the source table was renamed" in error
+    assert sync.reader.fatal is None
+    assert_converged(spark, app_conn, bystander)
+    with app_conn.cursor() as cur:
+        cur.execute(f"DROP TABLE {name}_old")
+    app_conn.commit()
+
+
+def test_create_or_replace_with_another_key_or_none(spark, app_conn, make_sync) -> None:
+    """CREATE OR REPLACE with another primary key: the lake table is snapshotted again and its changes
+    merge by the new key; without a primary key the table stops alone, with the reason."""
+    name, keyless = "cdc_test_rekeyed", "cdc_test_keyless"
+    pairs = [fresh_test_table(spark, app_conn, n) for n in (name, keyless)]
+    seed_rows(app_conn, name, 20)
+    seed_rows(app_conn, keyless, 20)
+    sync = make_sync(*pairs)
+    columns = ["code", "tag", "name"]
+    with app_conn.cursor() as cur:
+        cur.execute(
+            f"CREATE OR REPLACE TABLE {name} (code INT PRIMARY KEY, tag VARCHAR(16), name VARCHAR(64))"
+        )
+        cur.executemany(
+            f"INSERT INTO {name} (code, tag, name) VALUES (%s, %s, 'new')",
+            [(i, f"k{i % 3}") for i in range(12)],
+        )
+        cur.execute(f"UPDATE {name} SET name = 'changed' WHERE code IN (3, 4)")
+        cur.execute(f"DELETE FROM {name} WHERE code = 5")
+        cur.execute(f"CREATE OR REPLACE TABLE {keyless} (id VARCHAR(16), note TEXT)")
+    app_conn.commit()
+    catch_up(sync)
+    with app_conn.cursor() as cur:
+        cur.execute(f"UPDATE {name} SET name = 'after' WHERE code = 6")
+    app_conn.commit()
+    catch_up(sync)
+    assert assert_converged(spark, app_conn, name, columns) == 11
+    (error,) = sync.errors
+    assert error.startswith(f"lakehouse.dim_db.{keyless}:") and "no primary key" in error
+    assert sync.reader.fatal is None
+
+
 def test_verify_explains_changes_in_flight_and_finds_what_they_do_not(
     spark, lake_config, app_conn, make_sync
 ) -> None:

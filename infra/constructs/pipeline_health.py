@@ -172,8 +172,9 @@ class PipelineHealth(Construct):
         # machine, which alerts; this alarm names the metric to read per table).
         alarm(
             "ReconcileMismatches",
-            "`lakehouse verify` found the lake unequal to its sources: see the verify step's output "
-            "(`lakehouse aws logs verify`) for the tables, offsets and keys, and docs/operate.md",
+            "`lakehouse verify` found the lake unequal to its sources: ReconcileMismatches per Table says "
+            "where; the verify driver's stdout (EMR log bucket, containers/) lists offsets and keys "
+            "(docs/operate.md)",
             cloudwatch.Metric(
                 namespace=namespace,
                 metric_name=RECONCILE_METRIC,

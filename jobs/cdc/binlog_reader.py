@@ -175,6 +175,10 @@ class BinlogReader:
         before the table's snapshot reads its position, so no change after that position is missed."""
         self._tables[table] = key
 
+    def unfollow(self, table: tuple[str, str]) -> None:
+        """Stop queueing `table`'s changes (it went before the job could snapshot it)."""
+        self._tables.pop(table, None)
+
     def stop(self) -> None:
         self._stop.set()
         stream = self._stream
@@ -332,10 +336,22 @@ class BinlogReader:
                 continue
             kind = _ROW_KIND.get(type(event))
             if kind is not None:
-                key = self._tables.get((event.schema, event.table))
+                table = (event.schema, event.table)
+                key = self._tables.get(table)
                 if key is not None:
                     rows = [selected_row(row, event.columns) for row in event.rows]
-                    pending.setdefault((event.schema, event.table), []).extend(row_changes(kind, rows, key))
+                    try:
+                        changes = row_changes(kind, rows, key)
+                    except KeyError as missing:
+                        # The table changed under its name (key dropped or changed, replaced, renamed
+                        # over): the job stops or re-snapshots it at that DDL, and `follow`s it again.
+                        self._tables.pop(table, None)
+                        log.warning(
+                            "%s.%s: its rows no longer have key column %s: not followed from %s on",
+                            *table, missing, self.position,
+                        )  # fmt: skip
+                        continue
+                    pending.setdefault(table, []).extend(changes)
                 continue
             if isinstance(event, MariadbGtidEvent):
                 # FL_STANDALONE: a single statement (DDL) with no terminating XID/COMMIT follows.

@@ -183,6 +183,7 @@ def describe_table(conn: pymysql.Connection, schema: str, name: str) -> SourceTa
 
 
 MYSQL_PARSE_ERROR = 1064
+NO_SUCH_TABLE = 1146
 
 
 def master_position(conn: pymysql.Connection) -> tuple[str, int, str]:
@@ -305,11 +306,16 @@ def read_chunk(
         args = tuple(after)
     with conn.cursor() as cur:
         # The key columns again, as stored (not as selected for the lake), to continue from.
-        cur.execute(
-            f"SELECT {cols}, {keys} FROM {_quoted(table.schema)}.{_quoted(table.name)} "
-            f"{where} ORDER BY {keys} LIMIT {int(rows)}",
-            args,
-        )
+        try:
+            cur.execute(
+                f"SELECT {cols}, {keys} FROM {_quoted(table.schema)}.{_quoted(table.name)} "
+                f"{where} ORDER BY {keys} LIMIT {int(rows)}",
+                args,
+            )
+        except pymysql.err.ProgrammingError as exc:
+            if exc.args and exc.args[0] == NO_SUCH_TABLE:  # dropped while it was being read
+                raise MissingTable(f"source table {table.qualified} was dropped while read") from None
+            raise
         fetched = cur.fetchall()
     width = len(table.columns)
     return [row[:width] for row in fetched], (tuple(fetched[-1][width:]) if fetched else None)

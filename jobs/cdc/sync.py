@@ -446,12 +446,12 @@ class CdcSync(StreamingJob):
     def _apply_ddl(self, ddl: DdlEvent) -> None:
         statement = " ".join(ddl.change.statement.split())
         for source_key in ddl.tables:
-            state = self.tables[source_key]
-            if state.error is not None or ddl.end.order <= state.position.order:
+            state = self.tables.get(source_key)  # None: followed once, then gone before its snapshot
+            if state is None or state.error is not None or ddl.end.order <= state.position.order:
                 continue
             if ddl.change.replaces:  # CREATE OR REPLACE: the source's rows are new, without row events
-                self._resnapshot(state, f"`{statement}` replaced the source table")
-            elif ddl.change.created:
+                self._replaced(state, statement)
+            elif ddl.change.created and not ddl.change.unsupported:
                 continue  # CREATE TABLE IF NOT EXISTS on a table that exists: nothing changed
             elif ddl.change.truncate:
                 self._truncate(state, ddl.end, statement)
@@ -480,6 +480,7 @@ class CdcSync(StreamingJob):
         try:
             state = self._prepare(conn, spec, self._is_mariadb, created=True)
         except source_db.MissingTable:
+            self.reader.unfollow(spec.source_key)
             log.warning("%s: created (`%s`), gone before its snapshot; not synced", spec.source, statement)
             return
         finally:
@@ -548,6 +549,23 @@ class CdcSync(StreamingJob):
         state.position, state.last_commit = end, time.monotonic()
         log.info("%s: emptied at %s, as the source was: `%s`", target, end, statement)
 
+    def _replaced(self, state: TableState, statement: str) -> None:
+        """CREATE OR REPLACE: a new table under the old name, maybe with another key (or none)."""
+        conn = self._connect()
+        try:
+            source = source_db.describe_table(conn, state.spec.source_schema, state.spec.source_name)
+        except (source_db.MissingTable, source_db.NoPrimaryKey) as exc:
+            hint = resync_hint(state.spec)
+            self._stop_table(state, f"`{statement}` replaced the source table: {exc}; {hint}")
+            return
+        finally:
+            conn.close()
+        # From here on the reader keys the table's row events by its (maybe new) key, before the
+        # snapshot reads its position: every change after that position is queued with that key.
+        self.reader.follow(state.spec.source_key, source.key)
+        state.key = source.key
+        self._resnapshot(state, f"`{statement}` replaced the source table")
+
     def _resnapshot(self, state: TableState, why: str) -> None:
         stored = position_commit.stored_position(self.spark, state.spec.target)
         if stored != state.position:
@@ -558,6 +576,9 @@ class CdcSync(StreamingJob):
             taken = self._snapshot(conn, state.spec, source_db.is_mariadb(conn), resume=False)
             state.position = taken.position
             state.track_source(taken.source.columns, exact=taken.described_before_position)
+        except source_db.MissingTable as exc:  # dropped meanwhile: its DROP, queued, would stop it too
+            self._stop_table(state, f"re-snapshot ({why}) failed: {exc}; {resync_hint(state.spec)}")
+            return
         finally:
             conn.close()
         state.columns = target_table.target_columns(self.spark, state.spec.target)

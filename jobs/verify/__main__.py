@@ -21,7 +21,7 @@ from jobs.common.job_args import (
     reports_config_errors,
 )
 from jobs.config import ConfigError, LakehouseConfig
-from jobs.verify.findings import CheckResult, as_json, exit_code, metric_data, render, timed
+from jobs.verify.findings import CheckResult, as_json, exit_code, guarded, metric_data, render, timed
 
 log = logging.getLogger("verify")
 
@@ -112,23 +112,26 @@ def verify_views(spark, config: LakehouseConfig) -> CheckResult:
 
 
 def cdc_tables(spark, config: LakehouseConfig) -> list[tuple[str, tuple[str, str]]]:
-    """(target, (schema, table)) of every CDC table in dim_db: those with a stored binlog position."""
+    """(target, (schema, table)) of every CDC table: those naming their source (a table property CDC
+    sets, in any namespace), and dim_db tables with a stored binlog position that predate it."""
     from jobs.cdc.snapshot import STAGING_SUFFIX
     from jobs.cdc.target_table import POSITION_KEY, SOURCE_PROPERTY
     from jobs.common.snapshot_progress import progress_as_of
 
-    namespace = f"{config.catalog.name}.dim_db"
-    if not spark.catalog.databaseExists(namespace):
-        return []
     found = []
-    for row in spark.sql(f"SHOW TABLES IN {namespace}").collect():
-        name = row["tableName"]
-        target = f"{namespace}.{name}"
-        if STAGING_SUFFIX in name or progress_as_of(spark, target, None, POSITION_KEY) is None:
-            continue
-        properties = dict(spark.sql(f"SHOW TBLPROPERTIES {target}").collect())
-        schema, _, table = properties.get(SOURCE_PROPERTY, f"{config.mysql.database}.{name}").partition(".")
-        found.append((target, (schema, table)))
+    for (namespace,) in spark.sql(f"SHOW NAMESPACES IN {config.catalog.name}").collect():
+        qualified = f"{config.catalog.name}.{namespace}"
+        for row in spark.sql(f"SHOW TABLES IN {qualified}").collect():
+            name, target = row["tableName"], f"{qualified}.{row['tableName']}"
+            if STAGING_SUFFIX in name:
+                continue
+            source = dict(spark.sql(f"SHOW TBLPROPERTIES {target}").collect()).get(SOURCE_PROPERTY)
+            if source is None and namespace == "dim_db":
+                if progress_as_of(spark, target, None, POSITION_KEY) is not None:
+                    source = f"{config.mysql.database}.{name}"
+            if source is not None:
+                schema, _, table = source.partition(".")
+                found.append((target, (schema, table)))
     return sorted(found)
 
 
@@ -163,10 +166,10 @@ def verify_dimensions(spark, config: LakehouseConfig, tables: list[str], server_
 def run_checks(spark, config: LakehouseConfig, tables: list[str], server_id: int) -> list[CheckResult]:
     results = []
     if _wanted(tables, CLICKS):
-        results.append(timed(verify_clicks, spark, config))
+        results.append(guarded("kafka -> clicks", CLICKS, verify_clicks, spark, config))
     results += verify_dimensions(spark, config, tables, server_id)
     if _wanted(tables, VIEWS):
-        results.append(timed(verify_views, spark, config))
+        results.append(guarded("clicks -> views", VIEWS, verify_views, spark, config))
     return results
 
 
@@ -193,6 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = build_spark(config, "verify")
     try:
         results = run_checks(spark, config, args.tables, args.server_id)
+    except Exception as exc:  # noqa: BLE001 - e.g. the catalog unreachable: no verdict, not a mismatch
+        log.error("verify cannot run: %s: %s", type(exc).__name__, exc)
+        return 2
     finally:
         stop_spark(spark)
     if not results:

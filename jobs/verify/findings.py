@@ -58,6 +58,15 @@ def timed(check, *args, **kwargs) -> CheckResult:
     return result
 
 
+def guarded(name: str, table: str, check, *args) -> CheckResult:
+    """`check(*args)`, timed; an exception makes this check "cannot run" (the others still run)."""
+    try:
+        return timed(check, *args)
+    except Exception as exc:  # noqa: BLE001 - reported as the check's error, with its type
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return CheckResult(name, table, error=f"{type(exc).__name__}: {first}")
+
+
 def exit_code(results: Sequence[CheckResult]) -> int:
     if any(r.status == MISMATCH for r in results):
         return 1

@@ -117,8 +117,9 @@ def expected_alarms(env, freshness, no_commit_seconds, rejects, restarts, free_b
         metric(namespace, "LagSeconds", CLICKS, "Maximum", 300),
     )
     expected[
-        "`lakehouse verify` found the lake unequal to its sources: see the verify step's output "
-        "(`lakehouse aws logs verify`) for the tables, offsets and keys, and docs/operate.md"
+        "`lakehouse verify` found the lake unequal to its sources: ReconcileMismatches per Table says "
+        "where; the verify driver's stdout (EMR log bucket, containers/) lists offsets and keys "
+        "(docs/operate.md)"
     ] = (1, GTE, 1, metric(namespace, "ReconcileMismatches", {"Job": "verify"}, "Maximum", 6 * 3600))
     expected["Source MySQL is running out of storage"] = (
         free_bytes,
