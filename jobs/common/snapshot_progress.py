@@ -95,6 +95,12 @@ def find_commit(spark, table: str, commit_id: str) -> int | None:
     return None
 
 
+def main_snapshot(spark, table: str) -> int | None:
+    """The id of `table`'s current snapshot (its `main` branch); None for a table with none yet."""
+    rows = spark.sql(f"SELECT snapshot_id FROM {table}.refs WHERE name = 'main'").collect()
+    return rows[0][0] if rows else None
+
+
 def progress_as_of(spark, table: str, snapshot_id: int | None, key: str) -> str | None:
     """summary[`key`] of the newest snapshot carrying it at or before `snapshot_id` (its ancestry;
     None: the current snapshot's). Walks the loaded metadata in the driver: no Spark job, unlike

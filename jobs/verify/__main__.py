@@ -59,10 +59,9 @@ def _wanted(tables: list[str], name: str) -> bool:
 def verify_clicks(spark, config: LakehouseConfig) -> CheckResult:
     from jobs.common.kafka_client import kafka_client_config
     from jobs.common.lake_tables import FACT_TABLE, OFFSETS_KEY, REJECTS_TABLE, offsets_from_summary
-    from jobs.common.snapshot_progress import progress_as_of
+    from jobs.common.snapshot_progress import main_snapshot, progress_as_of
     from jobs.ingest.kafka_source import BrokerUnavailable, TopicMetadata
     from jobs.verify.clicks import check_clicks
-    from jobs.verify.dimensions import main_snapshot
 
     fact_table, rejects_table = config.table(*FACT_TABLE), config.table(*REJECTS_TABLE)
     if not spark.catalog.tableExists(fact_table):
@@ -95,8 +94,7 @@ def verify_clicks(spark, config: LakehouseConfig) -> CheckResult:
 def verify_views(spark, config: LakehouseConfig) -> CheckResult:
     from jobs.common.lake_tables import FACT_TABLE, VIEWS_TABLE
     from jobs.common.progress_keys import VIEWS_CLICK_OFFSETS
-    from jobs.common.snapshot_progress import progress_as_of
-    from jobs.verify.dimensions import main_snapshot
+    from jobs.common.snapshot_progress import main_snapshot, progress_as_of
     from jobs.verify.views import check_views
     from jobs.views.job import watermark_from_summary
 

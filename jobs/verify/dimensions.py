@@ -31,7 +31,7 @@ from jobs.cdc.binlog_reader import BinlogPosition, BinlogReader, DdlEvent
 from jobs.cdc.snapshot import rows_frame
 from jobs.cdc.source_db import SourceTable
 from jobs.cdc.target_table import POSITION_KEY
-from jobs.common.snapshot_progress import progress_as_of
+from jobs.common.snapshot_progress import main_snapshot, progress_as_of
 from jobs.verify.findings import EXAMPLES, CheckResult, Finding
 
 CHUNK_ROWS = 10_000
@@ -41,11 +41,6 @@ BINLOG_TIMEOUT_SECONDS = 120.0
 
 class CannotCompare(RuntimeError):
     """The check cannot reach a verdict (source gone, binlog purged, schema changing)."""
-
-
-def main_snapshot(spark, table: str) -> int | None:
-    rows = spark.sql(f"SELECT snapshot_id FROM {table}.refs WHERE name = 'main'").collect()
-    return rows[0][0] if rows else None
 
 
 def source_frame(spark, conn, source: SourceTable, chunk_rows: int = CHUNK_ROWS) -> DataFrame:

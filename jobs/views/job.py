@@ -33,6 +33,7 @@ from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink, guarded
 from jobs.common.snapshot_progress import (
     ConcurrentWriterError,
     exclusive_append_options,
+    main_snapshot,
     progress_as_of,
     read_progress,
     retry_commit,
@@ -215,7 +216,7 @@ class ProductViews(StreamingJob):
         return watermark_from_summary(read_progress(self.spark, self.settings.views_table, PROGRESS_KEY))
 
     def _clicks_snapshot(self) -> int | None:
-        return self._main_snapshot(self.settings.clicks_table)
+        return main_snapshot(self.spark, self.settings.clicks_table)
 
     def run_batch(self) -> int:
         batch_began = time.monotonic()
@@ -279,7 +280,7 @@ class ProductViews(StreamingJob):
 
         @retry_commit()
         def commit() -> None:
-            base_snapshot = self._main_snapshot(table)
+            base_snapshot = main_snapshot(self.spark, table)
             stored = watermark_from_summary(
                 progress_as_of(self.spark, table, base_snapshot, PROGRESS_KEY) if base_snapshot else None
             )
@@ -310,7 +311,3 @@ class ProductViews(StreamingJob):
                 raise RuntimeError(f"CommitFailedException: {table} changed during the commit") from exc
 
         commit()
-
-    def _main_snapshot(self, table: str) -> int | None:
-        rows = self.spark.sql(f"SELECT snapshot_id FROM {table}.refs WHERE name = 'main'").collect()
-        return rows[0][0] if rows else None
