@@ -12,7 +12,7 @@ jobs use, so the cluster and the jobs cannot disagree about them.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from jobs.config import ConfigError
@@ -172,6 +172,38 @@ class MonitoringSettings:
     alarm_email: str | None = None
 
 
+ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+")
+
+
+@dataclass(frozen=True)
+class AccessSettings:
+    """Principals (IAM role ARNs) the resource policies allow beside the pipeline's own roles."""
+
+    # Read the tables' files and Athena's results: analysts' roles querying through Athena (the
+    # jobs, Trino and Hive read as the EMR instance role).
+    lake_readers: tuple[str, ...] = ()
+    # Read and upload the EMR TLS certificate zip (security/ in the artifacts bucket): prod's
+    # operator, who uploads the organisation's certificate before the Compute stack.
+    security_admins: tuple[str, ...] = ()
+
+    @classmethod
+    def from_context(cls, lake_readers: object, security_admins: object) -> AccessSettings:
+        """From `-c name=arn1,arn2` (or a list in cdk.json's context)."""
+
+        def role_arns(option: str, value: object) -> tuple[str, ...]:
+            items = value if isinstance(value, list | tuple) else str(value or "").split(",")
+            arns = tuple(str(a).strip() for a in items if str(a).strip())
+            for arn in arns:
+                if not ROLE_ARN.fullmatch(arn):
+                    raise ConfigError(
+                        f"-c {option}={value}: {arn!r} is not an IAM role ARN "
+                        "(arn:aws:iam::<account>:role/<name>); a bucket policy names roles, not users"
+                    )
+            return arns
+
+        return cls(role_arns("lake_readers", lake_readers), role_arns("security_admins", security_admins))
+
+
 @dataclass(frozen=True)
 class DeploymentConfig:
     env_name: str
@@ -190,6 +222,9 @@ class DeploymentConfig:
     # The longest any log group keeps its events, the framework's too (CDK's providers default to
     # two years); with `removal_policy`, dev teardown leaves no log group behind.
     log_retention_cap_days: int
+    # Who besides the pipeline's own roles may read the lake and handle its TLS material
+    # (`-c lake_readers=…`, `-c security_admins=…`; infra/access.py).
+    access: AccessSettings = field(default_factory=lambda: AccessSettings())
     # dev only (`-c parked=true`, driven by `lakehouse aws park`): no EMR cluster, no NAT gateway, no
     # interface endpoints, no job schedules; the lake, the catalog, MSK and RDS stay (RDS is stopped
     # by the CLI: CloudFormation cannot stop an instance).
@@ -240,6 +275,7 @@ class DeploymentConfig:
         availability_zones: tuple[str, ...] | None = None,
         parked: bool = False,
         alert_email: str | None = None,
+        access: AccessSettings | None = None,
     ) -> DeploymentConfig:
         """The configuration of `env_name`; account/region only when the CLI knows them."""
         if env_name not in _ENVIRONMENTS:
@@ -280,6 +316,7 @@ class DeploymentConfig:
             region=region or None,
             availability_zones=tuple(azs[: config.network.max_azs]) if azs and region else None,
             parked=parked,
+            access=access or AccessSettings(),
         )
 
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from aws_cdk import App
 
 from infra import emr_package
-from infra.config import DeploymentConfig, az_context_key
+from infra.config import AccessSettings, DeploymentConfig, az_context_key
 from infra.nag import add_nag_checks
 from infra.stacks import LakehouseStacks
 from jobs.config import ConfigError
@@ -20,7 +20,8 @@ DEFAULT_ENV = "dev"
 def config_from_context(app: App, environ: Mapping[str, str] = os.environ) -> DeploymentConfig:
     """The only place context is read: `-c env=dev|prod` (default dev), optional `-c azs=a,b`, the
     AZs `lakehouse aws preflight --pin-azs` pinned in cdk.context.json, `-c parked=true` (dev; set
-    by `lakehouse aws park`) and `-c alert_email=you@example.com` (subscribes it to the alerts).
+    by `lakehouse aws park`), `-c alert_email=you@example.com` (subscribes it to the alerts), and
+    `-c lake_readers=<role arn>,…` / `-c security_admins=<role arn>,…` (infra/access.py).
 
 
     Account and region come from the CLI's environment (CDK_DEFAULT_ACCOUNT/REGION) when both are
@@ -45,6 +46,9 @@ def config_from_context(app: App, environ: Mapping[str, str] = os.environ) -> De
         availability_zones=azs,
         parked=parked == "true",
         alert_email=str(alert_email) if alert_email else None,
+        access=AccessSettings.from_context(
+            app.node.try_get_context("lake_readers"), app.node.try_get_context("security_admins")
+        ),
     )
 
 

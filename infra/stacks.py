@@ -16,6 +16,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
+from infra.access import NamedRoles
 from infra.cdk_values import removal_policy
 from infra.checkov import AcceptedLambdaFindings
 from infra.config import DeploymentConfig
@@ -75,6 +76,8 @@ class LakeStack(_LakehouseStack):
             name_prefix=config.name_prefix,
             settings=config.storage,
             removal_policy=removal_policy(config.removal_policy),
+            roles=NamedRoles(config.name_prefix),
+            access=config.access,
         )
         CfnOutput(self, "WarehouseUri", value=self.lake.warehouse_uri)
         CfnOutput(self, "ArtifactsBucketName", value=self.lake.artifacts_bucket.bucket_name)
@@ -108,6 +111,7 @@ class SourceDatabaseStack(_LakehouseStack):
             instance_identifier=config.resource_name("source-mysql"),
             settings=config.source_database,
             removal_policy=removal_policy(config.database_removal_policy),
+            cdc_reader_role_name=NamedRoles(config.name_prefix).emr_instance,
         )
         CfnOutput(self, "MySqlHost", value=self.source_database.host)
         CfnOutput(self, "CdcSecretArn", value=self.source_database.cdc_secret.secret_arn)
@@ -137,6 +141,7 @@ class ComputeStack(_LakehouseStack):
             artifacts_bucket_name=lake.artifacts_bucket_name,
             bootstrap_dir=BOOTSTRAP_DIR,
             catalog_region=Aws.REGION,
+            roles=NamedRoles(config.name_prefix),
             run_cluster=not config.parked,
         )
         role = self.compute.instance_role
@@ -259,6 +264,7 @@ class JobsStack(_LakehouseStack):
             settings=config.jobs,
             removal_policy=removal_policy(config.removal_policy),
             metrics_namespace=config.metrics_namespace,
+            upload_role_name=NamedRoles(config.name_prefix).jobs_upload,
         )
         CfnOutput(self, "JobsVersion", value=package_dir.name)
         if self.jobs.supervisor is None:

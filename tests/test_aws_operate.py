@@ -245,3 +245,25 @@ def test_sql_runs_in_the_envs_athena_workgroup_and_prints_the_rows(session, depl
     assert result.stdout.splitlines() == ["productId,views", "1,917", "2,31"]
     executions = session.client("athena").list_query_executions(WorkGroup="lakehouse-dev-adhoc")
     assert len(executions["QueryExecutionIds"]) == 1
+
+
+def test_a_query_the_lake_refuses_says_how_to_become_a_reader() -> None:
+    from lakehouse.aws.operate import OperateError, athena_query
+
+    class RefusingAthena:
+        def start_query_execution(self, **_):
+            return {"QueryExecutionId": "q1"}
+
+        def get_query_execution(self, **_):
+            reason = "Access denied when writing output to url: s3://lakehouse-prod-warehouse/athena-results/"
+            return {"QueryExecution": {"Status": {"State": "FAILED", "StateChangeReason": reason}}}
+
+    class Session:
+        def client(self, name):
+            assert name == "athena"
+            return RefusingAthena()
+
+    with pytest.raises(OperateError) as raised:
+        athena_query(Session(), DeploymentConfig.for_env("prod"), "SELECT 1", poll=lambda _: None)
+    assert "Access denied when writing output" in str(raised.value)
+    assert "-c lake_readers=<your role arn>" in str(raised.value)

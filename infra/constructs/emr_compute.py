@@ -23,6 +23,7 @@ from aws_cdk import aws_s3_deployment as s3deploy
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
+from infra.access import NamedRoles, give_role_name
 from infra.bundling import python_function_code, python_function_code_with_wheels
 from infra.config import EMR_TLS_CERTIFICATES_KEY, ComputeSettings
 from infra.constructs.network import EMR_MANAGED_POLICY_TAG
@@ -157,6 +158,7 @@ class EmrCompute(Construct):
         artifacts_bucket_name: str,
         bootstrap_dir: Path,
         catalog_region: str,
+        roles: NamedRoles,
         run_cluster: bool = True,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -186,9 +188,11 @@ class EmrCompute(Construct):
         # ---- roles
         # Note: the instance role starts with only EMR's regional bootstrap bucket; the stack adds
         # the lake, logs, artifacts, MSK and CDC-secret grants.
+        # Named: the lake's and the secrets' resource policies name it (infra/access.py).
         self.instance_role = iam.Role(
             self,
             "InstanceRole",
+            role_name=roles.emr_instance,
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
             description="EMR EC2 instance profile role of the lakehouse cluster",
         )
@@ -286,7 +290,9 @@ class EmrCompute(Construct):
         # trustedCertificates.pem) in the artifacts bucket before the cluster is created. dev
         # generates one at deploy time; prod requires the operator's and fails fast without it.
         self.tls_certificates_uri = f"s3://{artifacts_bucket_name}/{EMR_TLS_CERTIFICATES_KEY}"
-        self.tls_certificates = self._tls_certificates(artifacts_bucket_name, settings)
+        self.tls_certificates = self._tls_certificates(
+            artifacts_bucket_name, settings, roles.tls_certificates
+        )
         self.security_configuration = emr.CfnSecurityConfiguration(
             self,
             "SecurityConfiguration",
@@ -326,6 +332,7 @@ class EmrCompute(Construct):
             destination_bucket=s3.Bucket.from_bucket_name(self, "ArtifactsBucket", artifacts_bucket_name),
             destination_key_prefix=f"{BOOTSTRAP_PREFIX}/",
         )
+        give_role_name(self.bootstrap_upload.handler_role, roles.bootstrap_upload)  # infra/access.py
         acknowledge_bucket_deployment(
             self.bootstrap_upload, destination_bucket_name=nag_rendering(artifacts_bucket_name)
         )
@@ -474,7 +481,9 @@ class EmrCompute(Construct):
             "bastion); work arrives as EMR steps and is debugged from the EMR logs in S3.",
         )
 
-    def _tls_certificates(self, bucket_name: str, settings: ComputeSettings) -> CustomResource:
+    def _tls_certificates(
+        self, bucket_name: str, settings: ComputeSettings, role_name: str
+    ) -> CustomResource:
         """The certificate zip exists before the cluster: generated (dev) or required (prod)."""
         function = lambda_.Function(
             self,
@@ -487,6 +496,7 @@ class EmrCompute(Construct):
             memory_size=256,
             log_group=logs.LogGroup(self, "TlsCertificatesLogs", retention=logs.RetentionDays.ONE_MONTH),
         )
+        give_role_name(function.role, role_name)  # the only writer of security/ (infra/access.py)
         object_arn = aws_arn("s3", f"{bucket_name}/{EMR_TLS_CERTIFICATES_KEY}", region=False, account=False)
         function.add_to_role_policy(
             iam.PolicyStatement(

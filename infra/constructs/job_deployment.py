@@ -36,6 +36,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
+from infra.access import give_role_name
 from infra.bundling import python_function_code
 from infra.cdk_values import log_retention
 from infra.config import JobSettings
@@ -100,6 +101,7 @@ class JobDeployment(Construct):
         settings: JobSettings,
         removal_policy: RemovalPolicy,
         metrics_namespace: str,
+        upload_role_name: str,
     ) -> None:
         super().__init__(scope, construct_id)
         self.artifacts = artifacts
@@ -145,6 +147,8 @@ class JobDeployment(Construct):
             memory_limit=2048,
             ephemeral_storage_size=Size.gibibytes(2),
         )
+        # The artifacts bucket lets only this role write emr/ (infra/access.py).
+        give_role_name(self.upload.handler_role, upload_role_name)
         acknowledge_bucket_deployment(
             self.upload, destination_bucket_name=nag_rendering(artifacts.bucket_name)
         )

@@ -9,8 +9,10 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from infra.access import NamedRoles, deny_all_but, role_arn
 from infra.checkov import skip_check
-from infra.config import StorageSettings
+from infra.config import AccessSettings, StorageSettings
+from infra.emr_steps import ARTIFACTS_PREFIX, BOOTSTRAP_PREFIX
 from infra.nag import acknowledge, acknowledge_wildcard_resources, aws_arn
 from jobs.config import NAMESPACES
 
@@ -18,6 +20,7 @@ WAREHOUSE_PREFIX = "warehouse"
 ATHENA_RESULTS_PREFIX = "athena-results"
 EMR_LOGS_PREFIX = "emr"
 CHECKPOINTS_PREFIX = "checkpoints"
+SECURITY_PREFIX = "security"  # the EMR TLS certificate zip (infra.config.EMR_TLS_CERTIFICATES_KEY)
 
 # Exact S3 actions (no wildcards) for objects under a prefix and for listing the bucket.
 OBJECT_READ_ACTIONS = ("s3:GetObject", "s3:GetObjectVersion")
@@ -86,6 +89,8 @@ class LakeStorage(Construct):
         name_prefix: str,
         settings: StorageSettings,
         removal_policy: RemovalPolicy,
+        roles: NamedRoles,
+        access: AccessSettings,
     ) -> None:
         super().__init__(scope, construct_id)
         auto_delete = removal_policy == RemovalPolicy.DESTROY
@@ -235,6 +240,52 @@ class LakeStorage(Construct):
             ),
         )
         self.athena_workgroup.apply_removal_policy(removal_policy)
+        self._guard(roles, access)
+
+    def _guard(self, roles: NamedRoles, access: AccessSettings) -> None:
+        """Resource-side guards (infra/access.py): the tables, the TLS key and the code every node
+        runs are read or written only by the roles named here, whatever else IAM grants.
+
+        Deletes are not guarded: dev's teardown empties the buckets with CDK's own role, and a
+        deleted object fails loudly (a missing table file, a cluster that will not start) where a
+        read leaks and a write plants code. prod keeps noncurrent versions of both buckets."""
+        instance = role_arn(roles.emr_instance)
+        warehouse = bucket_arn(self.warehouse_bucket_name)
+        tables = [f"{warehouse}/{WAREHOUSE_PREFIX}/*", f"{warehouse}/{CHECKPOINTS_PREFIX}/*"]
+        self.warehouse_bucket.add_to_resource_policy(
+            deny_all_but(
+                "OnlyTheLakeReadersReadTables",
+                OBJECT_READ_ACTIONS,
+                [*tables, f"{warehouse}/{ATHENA_RESULTS_PREFIX}/*"],
+                [instance, *access.lake_readers],
+            )
+        )
+        self.warehouse_bucket.add_to_resource_policy(
+            deny_all_but("OnlyTheJobsWriteTables", ["s3:PutObject"], tables, [instance])
+        )
+        artifacts = bucket_arn(self.artifacts_bucket_name)
+        security = f"{artifacts}/{SECURITY_PREFIX}/*"
+        tls = role_arn(roles.tls_certificates)
+        for sid, prefix, writer in (
+            ("OnlyTheBootstrapUploadWritesBootstrap", BOOTSTRAP_PREFIX, role_arn(roles.bootstrap_upload)),
+            ("OnlyTheJobsUploadWritesJobCode", ARTIFACTS_PREFIX, role_arn(roles.jobs_upload)),
+        ):
+            self.artifacts_bucket.add_to_resource_policy(
+                deny_all_but(sid, ["s3:PutObject"], [f"{artifacts}/{prefix}/*"], [writer])
+            )
+        self.artifacts_bucket.add_to_resource_policy(
+            deny_all_but(
+                "OnlyTheClusterReadsTlsMaterial",
+                OBJECT_READ_ACTIONS,
+                [security],
+                [instance, tls, *access.security_admins],
+            )
+        )
+        self.artifacts_bucket.add_to_resource_policy(
+            deny_all_but(
+                "OnlyTlsAdminsWriteTlsMaterial", ["s3:PutObject"], [security], [tls, *access.security_admins]
+            )
+        )
 
     # ---- grants -------------------------------------------------------------------------------
 

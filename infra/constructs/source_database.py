@@ -16,6 +16,7 @@ from aws_cdk import custom_resources as cr
 from constructs import Construct
 
 from infra import seed_data
+from infra.access import CFN_EXECUTION_ROLE_NAME_PATTERN, deny_all_but, role_arn
 from infra.bundling import python_function_code
 from infra.checkov import skip_check
 from infra.config import SourceDatabaseSettings
@@ -85,6 +86,7 @@ class SourceDatabase(Construct):
         instance_identifier: str,
         settings: SourceDatabaseSettings,
         removal_policy: RemovalPolicy,
+        cdc_reader_role_name: str,
     ) -> None:
         super().__init__(scope, construct_id)
         self.database_name = SOURCE_DATABASE
@@ -216,7 +218,32 @@ class SourceDatabase(Construct):
             )
 
         self._acknowledge_environment_choices(settings)
-        self._seed(vpc=vpc, subnets=subnets)
+        seeder = self._seed(vpc=vpc, subnets=subnets)
+        self._guard_secrets(admin_secret, seeder.role, cdc_reader_role_name)
+
+    def _guard_secrets(
+        self, admin_secret: secretsmanager.Secret, seeder_role: iam.IRole, cdc_reader_role_name: str
+    ) -> None:
+        """Resource policies (infra/access.py): the key's policy leaves decryption to IAM for the
+        whole account, so without these any role allowed secretsmanager:GetSecretValue and
+        kms:Decrypt on "*" (PowerUserAccess) could read the passwords."""
+        deployer = role_arn(CFN_EXECUTION_ROLE_NAME_PATTERN)
+        admin_secret.add_to_resource_policy(
+            deny_all_but(
+                "OnlyTheSeedingAndTheDeployReadTheAdminPassword",
+                ["secretsmanager:GetSecretValue"],
+                ["*"],
+                [seeder_role.role_arn, deployer],
+            )
+        )
+        self.cdc_secret.add_to_resource_policy(
+            deny_all_but(
+                "OnlyTheSeedingAndTheClusterReadTheCdcPassword",
+                ["secretsmanager:GetSecretValue"],
+                ["*"],
+                [seeder_role.role_arn, role_arn(cdc_reader_role_name)],
+            )
+        )
 
     def _acknowledge_environment_choices(self, settings: SourceDatabaseSettings) -> None:
         acknowledge(
@@ -239,7 +266,7 @@ class SourceDatabase(Construct):
                 "dev only: `cdk destroy` must remove everything; prod has deletion protection.",
             )
 
-    def _seed(self, *, vpc: ec2.IVpc, subnets: ec2.SubnetSelection) -> None:
+    def _seed(self, *, vpc: ec2.IVpc, subnets: ec2.SubnetSelection) -> lambda_.Function:
         seeder_sg = ec2.SecurityGroup(
             self, "SeederSecurityGroup", vpc=vpc, description="Source DB seeding Lambda"
         )
@@ -288,6 +315,7 @@ class SourceDatabase(Construct):
         )
         self.seed.node.add_dependency(self.instance)
         acknowledge_custom_resource_function(seeder, provider, in_vpc=True)
+        return seeder
 
     # ---- grants -------------------------------------------------------------------------------
 

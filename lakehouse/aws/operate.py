@@ -262,7 +262,14 @@ def athena_query(session, config: DeploymentConfig, query: str, *, timeout: floa
         if state["State"] == "SUCCEEDED":
             break
         if state["State"] in ("FAILED", "CANCELLED"):
-            raise OperateError(f"query {state['State']}: {state.get('StateChangeReason', 'no reason given')}")
+            reason = state.get("StateChangeReason", "no reason given")
+            if "access denied" in reason.lower() or "accessdenied" in reason.lower():
+                # The warehouse bucket lets only named roles read the tables (docs/security.md).
+                reason += (
+                    f"; the lake lets in only the pipeline and the roles deployed in -c lake_readers: "
+                    f"`cdk deploy -c env={config.env_name} -c lake_readers=<your role arn> --all`"
+                )
+            raise OperateError(f"query {state['State']}: {reason}")
         if waited >= timeout:
             athena.stop_query_execution(QueryExecutionId=execution)
             raise OperateError(f"query still running after {timeout:.0f} s: stopped ({execution})")

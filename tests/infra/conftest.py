@@ -100,12 +100,15 @@ class SynthesizedEnv:
             return None
 
     def render(self, concern: str, value: Any) -> str:
-        """A template value as one string: pseudo parameters as ${AWS::Region}, a bucket's Ref as its
-        BucketName, any other reference as ${Concern/LogicalId[.Attribute]}, Fn::Join joined."""
+        """A template value as one string: pseudo parameters as ${AWS::Region} (also in a Fn::Sub),
+        a bucket's Ref as its BucketName, any other reference as ${Concern/LogicalId[.Attribute]},
+        Fn::Join joined."""
         if isinstance(value, str | int | float):
             return str(value)
         if isinstance(value, dict) and set(value) == {"Ref"} and value["Ref"].startswith("AWS::"):
             return f"${{{value['Ref']}}}"
+        if isinstance(value, dict) and set(value) == {"Fn::Sub"} and isinstance(value["Fn::Sub"], str):
+            return value["Fn::Sub"]  # only pseudo parameters in the ones CDK writes
         if isinstance(value, dict) and set(value) == {"Fn::Join"}:
             separator, parts = value["Fn::Join"]
             return separator.join(self.render(concern, part) for part in parts)

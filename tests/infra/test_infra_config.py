@@ -148,3 +148,20 @@ def test_plain_config_values_convert_to_cdk_types():
             config.jobs.log_retention_days,
         ):
             log_retention(days)  # every configured retention is one CloudWatch accepts
+
+
+def test_lake_readers_and_security_admins_are_role_arns_from_the_context():
+    analysts, operator = "arn:aws:iam::111122223333:role/analysts", "arn:aws:iam::111122223333:role/ops/tls"
+    app = App(context={"env": "prod", "lake_readers": f"{analysts}, ", "security_admins": [operator]})
+    access = config_from_context(app, environ={}).access
+    assert (access.lake_readers, access.security_admins) == ((analysts,), (operator,))
+    assert config_from_context(App(context={"env": "dev"}), environ={}).access.lake_readers == ()
+    # A bucket policy's aws:PrincipalArn of an assumed role is the role's ARN: a user or a session
+    # ARN would never match, so it is refused rather than silently locking the reader out.
+    for wrong in (
+        "arn:aws:iam::111122223333:user/alice",
+        "arn:aws:sts::111122223333:assumed-role/a/b",
+        "analysts",
+    ):
+        with pytest.raises(ConfigError, match="not an IAM role ARN"):
+            config_from_context(App(context={"env": "prod", "lake_readers": wrong}), environ={})

@@ -111,8 +111,9 @@ def apply(event: dict, s3, now: datetime) -> dict:
         raise RuntimeError(
             f"EMR in-transit encryption needs the TLS certificate zip at {uri} (privateKey.pem, "
             "certificateChain.pem, trustedCertificates.pem for the cluster's internal host names) "
-            "and it is missing: upload your organisation's certificate there (infra/README.md, "
-            "'Deploy (prod)') and deploy again. Nothing else was created."
+            "and it is missing: upload your organisation's certificate there, as a role named in "
+            "`-c security_admins` (the bucket denies other uploaders; infra/README.md, "
+            "'Deploy (prod)'), and deploy again. Nothing else was created."
         )
     s3.put_object(
         Bucket=bucket,

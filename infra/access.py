@@ -1,0 +1,81 @@
+"""Who may touch the lake's data, code and secrets, on the resource side.
+
+Identity policies say what a role may do; any other role of the account with broad rights
+(ReadOnlyAccess, PowerUserAccess) could do the same. The resource policies built from here deny
+everyone else: a bucket prefix or a secret names the roles that may read or write it.
+
+The roles to name are created in later stacks (Compute, Jobs) than the buckets (Lake), so they get
+fixed names, derived from the environment's prefix: the Lake stack names them before they exist,
+without a cross-stack reference or a dependency cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aws_cdk import Aws
+from aws_cdk import aws_iam as iam
+
+# CloudFormation's execution role of the CDK bootstrap (any qualifier): it resolves the RDS
+# password's `{{resolve:secretsmanager:…}}` and writes the secret's attachment at deploy.
+CFN_EXECUTION_ROLE_NAME_PATTERN = "cdk-*-cfn-exec-role-*"
+
+
+def role_arn(name: str) -> str:
+    return f"arn:{Aws.PARTITION}:iam::{Aws.ACCOUNT_ID}:role/{name}"
+
+
+@dataclass(frozen=True)
+class NamedRoles:
+    """The fixed names of the roles the resource policies name (`lakehouse-<env>-…`)."""
+
+    name_prefix: str
+
+    @property
+    def emr_instance(self) -> str:
+        """The EMR nodes' role: the jobs, Trino and Hive read and write the lake with it."""
+        return f"{self.name_prefix}-emr-instance"
+
+    @property
+    def bootstrap_upload(self) -> str:
+        """CDK's upload of bootstrap/ (the scripts every new node runs as root)."""
+        return f"{self.name_prefix}-bootstrap-upload"
+
+    @property
+    def jobs_upload(self) -> str:
+        """CDK's upload of the jobs' artifact set to emr/<version>/."""
+        return f"{self.name_prefix}-jobs-upload"
+
+    @property
+    def tls_certificates(self) -> str:
+        """The function that generates (dev) or checks (prod) the EMR TLS certificate zip."""
+        return f"{self.name_prefix}-emr-tls"
+
+
+def deny_all_but(
+    sid: str, actions: Sequence[str], resources: Sequence[str], principal_arns: Sequence[str]
+) -> iam.PolicyStatement:
+    """Deny `actions` on `resources` to every IAM principal whose (role) ARN is none of
+    `principal_arns` (patterns allowed). AWS services acting on their own (S3's log delivery) are
+    not IAM principals of the account and are left alone; a service acting for a caller (Athena)
+    carries the caller's ARN."""
+    return iam.PolicyStatement(
+        sid=sid,
+        effect=iam.Effect.DENY,
+        principals=[iam.AnyPrincipal()],
+        actions=list(actions),
+        resources=list(resources),
+        conditions={
+            "ArnNotLike": {"aws:PrincipalArn": list(principal_arns)},
+            "Bool": {"aws:PrincipalIsAWSService": "false"},
+        },
+    )
+
+
+def give_role_name(role: iam.IRole, name: str) -> None:
+    """Give a role CDK created for us (a function's, an upload's) one of the fixed names."""
+    resource = role.node.default_child
+    if not isinstance(resource, iam.CfnRole):
+        raise TypeError(f"{role.node.path} is not a role created in this app")
+    resource.role_name = name

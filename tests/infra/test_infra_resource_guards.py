@@ -1,0 +1,207 @@
+"""Who can read the lake, the TLS key and the passwords, and who can write the code the cluster
+runs: resolved from the synthesized templates, principals x actions x resources (issue 29).
+
+A principal "can" when no resource policy denies it and, for the app's own roles, an identity
+policy allows it. Principals outside the app (an administrator, ReadOnlyAccess, CDK's own
+deployment roles) are assumed to hold every identity permission: only the resource side stops
+them, which is the point of the guards."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+
+import pytest
+from cfn import as_list
+from conftest import synthesize
+
+ACCOUNT, REGION, PARTITION = "111122223333", "eu-west-1", "aws"
+PSEUDO = {"${AWS::AccountId}": ACCOUNT, "${AWS::Region}": REGION, "${AWS::Partition}": PARTITION}
+
+
+def outsider(name: str) -> str:
+    return f"arn:aws:iam::{ACCOUNT}:role/{name}"
+
+
+OUTSIDERS = {
+    outsider("Admin"),  # AdministratorAccess
+    outsider("ReadOnly"),  # ReadOnlyAccess (s3:Get* on "*")
+    outsider("PowerUser"),  # PowerUserAccess: everything but IAM, secrets and keys included
+    outsider(f"cdk-hnb659fds-file-publishing-role-{ACCOUNT}-{REGION}"),  # CDK's asset upload
+    outsider(f"cdk-hnb659fds-cfn-exec-role-{ACCOUNT}-{REGION}"),  # CloudFormation's execution role
+}
+DEPLOYER = outsider(f"cdk-hnb659fds-cfn-exec-role-{ACCOUNT}-{REGION}")
+
+
+class Lake:
+    """The app's roles, its resource policies and identity policies, with concrete ARNs."""
+
+    def __init__(self, env) -> None:
+        self.env = env
+        self.role_arns: dict[tuple[str, str], str] = {}  # (concern, logical id) -> ARN
+        for concern in env.templates:
+            for logical_id, role in env.resources(concern, "AWS::IAM::Role").items():
+                name = role["Properties"].get("RoleName")
+                # A generated name is unknown at synth: the logical id stands in for it.
+                name = self.concrete(concern, name) if name else f"generated-{logical_id}"
+                self.role_arns[(concern, logical_id)] = outsider(name)
+
+    def concrete(self, concern: str, value) -> str:
+        text = self.env.render(concern, value)
+        for placeholder, replacement in PSEUDO.items():
+            text = text.replace(placeholder, replacement)
+
+        def role(match: re.Match) -> str:
+            key = (match.group(1), match.group(2))
+            return self.role_arns.get(key, match.group(0))
+
+        def attached_secret(match: re.Match) -> str:
+            # A secret attachment's Ref is the ARN of the secret it is attached to.
+            resource = self.env.templates[match.group(1)]["Resources"].get(match.group(2), {})
+            if resource.get("Type") == "AWS::SecretsManager::SecretTargetAttachment":
+                return self.concrete(match.group(1), resource["Properties"]["SecretId"])
+            return match.group(0)
+
+        text = re.sub(r"\$\{(\w+)/(\w+)\}", attached_secret, text)
+        return re.sub(r"\$\{(\w+)/(\w+)\.Arn\}", role, text)
+
+    def object_arn(self, bucket_logical_prefix: str, key: str) -> str:
+        return f"arn:aws:s3:::{self.bucket_name(bucket_logical_prefix)}/{key}"
+
+    def bucket_name(self, logical_prefix: str) -> str:
+        (bucket,) = [
+            b
+            for k, b in self.env.resources("Lake", "AWS::S3::Bucket").items()
+            if k.startswith(logical_prefix)
+        ]
+        return self.concrete("Lake", bucket["Properties"]["BucketName"])
+
+    def resource_statements(self, resource_arn: str) -> list[tuple[str, dict]]:
+        """(concern, statement) of the resource policies on the bucket or secret of `resource_arn`."""
+        found = []
+        for concern in self.env.templates:
+            for policy in self.env.resources(concern, "AWS::S3::BucketPolicy").values():
+                bucket = self.concrete(concern, policy["Properties"]["Bucket"])
+                if resource_arn.startswith(f"arn:aws:s3:::{bucket}/"):
+                    found += [(concern, s) for s in policy["Properties"]["PolicyDocument"]["Statement"]]
+            for policy in self.env.resources(concern, "AWS::SecretsManager::ResourcePolicy").values():
+                if self.concrete(concern, policy["Properties"]["SecretId"]) == resource_arn:
+                    statements = policy["Properties"]["ResourcePolicy"]["Statement"]
+                    # A secret's policy says "*" for the secret it is attached to.
+                    found += [(concern, {**s, "Resource": resource_arn}) for s in statements]
+        return found
+
+    def denied(self, principal: str, action: str, resource_arn: str) -> bool:
+        for concern, statement in self.resource_statements(resource_arn):
+            if statement["Effect"] != "Deny" or not self._applies(concern, statement, action, resource_arn):
+                continue
+            conditions = statement.get("Condition", {})
+            assert set(conditions) <= {"ArnNotLike", "Bool"}, f"unclassified condition: {conditions}"
+            if "Bool" in conditions:
+                assert conditions["Bool"] == {"aws:PrincipalIsAWSService": "false"}, conditions
+            excepted = conditions.get("ArnNotLike", {}).get("aws:PrincipalArn")
+            if excepted is None or not any(
+                fnmatch.fnmatchcase(principal, self.concrete(concern, p)) for p in as_list(excepted)
+            ):
+                return True
+        return False
+
+    def identity_allows(self, role_key: tuple[str, str], action: str, resource_arn: str) -> bool:
+        for concern, role, statement in self.env.identity_statements():
+            if (role.concern, role.logical_id) != role_key or statement["Effect"] != "Allow":
+                continue
+            if "Action" in statement and self._applies(concern, statement, action, resource_arn):
+                return True
+        return False
+
+    def _applies(self, concern: str, statement: dict, action: str, resource_arn: str) -> bool:
+        return any(fnmatch.fnmatchcase(action, a) for a in as_list(statement["Action"])) and any(
+            fnmatch.fnmatchcase(resource_arn, self.concrete(concern, r))
+            for r in as_list(statement["Resource"])
+        )
+
+    def who_can(self, action: str, resource_arn: str, outsiders: set[str] = OUTSIDERS) -> set[str]:
+        """Names (role names; generated ones as `generated-<logical id>`) of those who can."""
+        who = {p for p in outsiders if not self.denied(p, action, resource_arn)}
+        for key, arn in self.role_arns.items():
+            if self.identity_allows(key, action, resource_arn) and not self.denied(arn, action, resource_arn):
+                who.add(arn)
+        return {arn.rpartition(":role/")[2] for arn in who}
+
+    def secret_arn(self, logical_prefix: str) -> str:
+        (logical_id,) = [
+            k
+            for k in self.env.resources("SourceDatabase", "AWS::SecretsManager::Secret")
+            if k.startswith(logical_prefix)
+        ]
+        return self.concrete("SourceDatabase", {"Ref": logical_id})
+
+
+def generated(names: set[str]) -> set[str]:
+    """Generated role names without their hash: `generated-SourceDatabaseSeedFunctionServiceRole`."""
+    return {re.sub(r"[0-9A-F]{8}$", "", n) for n in names}
+
+
+@pytest.fixture(scope="module", params=["dev", "prod"])
+def lake(request) -> Lake:
+    return Lake(request.getfixturevalue(request.param))
+
+
+def test_only_the_cluster_reads_and_writes_the_tables(lake) -> None:
+    prefix = lake.env.config.name_prefix
+    table_file = lake.object_arn("LakeWarehouseBucket", "warehouse/dim_db.db/products/data/00000-0.parquet")
+    checkpoint = lake.object_arn("LakeWarehouseBucket", "checkpoints/clickstream/offsets/7")
+    athena_result = lake.object_arn("LakeWarehouseBucket", "athena-results/q.csv")
+    for key in (table_file, checkpoint):
+        assert lake.who_can("s3:GetObject", key) == {f"{prefix}-emr-instance"}, key
+        assert lake.who_can("s3:GetObjectVersion", key) == {f"{prefix}-emr-instance"}, key
+        assert lake.who_can("s3:PutObject", key) == {f"{prefix}-emr-instance"}, key
+    # Athena's results are copies of table rows: nobody reads them until readers are named.
+    assert lake.who_can("s3:GetObject", athena_result) == set()
+
+
+def test_only_the_cluster_and_its_tls_function_touch_the_tls_key(lake) -> None:
+    prefix = lake.env.config.name_prefix
+    tls_zip = lake.object_arn("LakeArtifactsBucket", "security/emr-tls-certificates.zip")
+    assert lake.who_can("s3:GetObject", tls_zip) == {f"{prefix}-emr-instance", f"{prefix}-emr-tls"}
+    # Neither CDK upload role (their grants cover the whole bucket) nor CDK's publishing role.
+    assert lake.who_can("s3:PutObject", tls_zip) == {f"{prefix}-emr-tls"}
+
+
+def test_only_the_uploads_write_the_code_the_cluster_runs(lake) -> None:
+    prefix = lake.env.config.name_prefix
+    bootstrap = lake.object_arn("LakeArtifactsBucket", "bootstrap/configure-iceberg.sh")
+    job_code = lake.object_arn("LakeArtifactsBucket", "emr/0123abcd/emr_step.py")
+    steps = lake.object_arn("LakeArtifactsBucket", "emr/0123abcd/streaming-steps.json")
+    assert lake.who_can("s3:PutObject", bootstrap) == {f"{prefix}-bootstrap-upload"}
+    assert lake.who_can("s3:PutObject", job_code) == {f"{prefix}-jobs-upload"}
+    assert lake.who_can("s3:PutObject", steps) == {f"{prefix}-jobs-upload"}
+    # Reading the code stays open to the cluster (and to the account): it holds no secret.
+    assert f"{prefix}-emr-instance" in lake.who_can("s3:GetObject", job_code)
+
+
+def test_only_the_seeding_the_deploy_and_the_cdc_reader_read_the_passwords(lake) -> None:
+    prefix = lake.env.config.name_prefix
+    admin = lake.who_can("secretsmanager:GetSecretValue", lake.secret_arn("SourceDatabaseAdminSecret"))
+    cdc = lake.who_can("secretsmanager:GetSecretValue", lake.secret_arn("SourceDatabaseCdcSecret"))
+    assert generated(admin) == {
+        "generated-SourceDatabaseSeedFunctionServiceRole",
+        DEPLOYER.rpartition("/")[2],
+    }
+    assert generated(cdc) == {"generated-SourceDatabaseSeedFunctionServiceRole", f"{prefix}-emr-instance"}
+
+
+def test_named_lake_readers_and_security_admins_are_let_in(tmp_path) -> None:
+    analyst, operator = outsider("analysts"), outsider("tls-operator")
+    env = synthesize("prod", tmp_path / "prod", {"lake_readers": analyst, "security_admins": operator})
+    lake = Lake(env)
+    outsiders = {*OUTSIDERS, analyst, operator}
+    table_file = lake.object_arn("LakeWarehouseBucket", "warehouse/ods_behavior.db/clickevent/data/1.parquet")
+    tls_zip = lake.object_arn("LakeArtifactsBucket", "security/emr-tls-certificates.zip")
+    assert "analysts" in lake.who_can("s3:GetObject", table_file, outsiders)
+    athena_result = lake.object_arn("LakeWarehouseBucket", "athena-results/q.csv")
+    assert "analysts" in lake.who_can("s3:GetObject", athena_result, outsiders)
+    assert "analysts" not in lake.who_can("s3:PutObject", table_file, outsiders)  # readers only read
+    assert "analysts" not in lake.who_can("s3:GetObject", tls_zip, outsiders)
+    assert {"tls-operator"} <= lake.who_can("s3:PutObject", tls_zip, outsiders)
+    assert "tls-operator" not in lake.who_can("s3:GetObject", table_file, outsiders)
