@@ -105,7 +105,8 @@ def _measure(stack, rows: int) -> list[dict]:
 
         # Killed after half of its progress commits, then resumed by the next start (--resync: the
         # table was snapshotted above; the resync goes through the same staging table).
-        commits = -(-rows // snapshot.COMMIT_ROWS)
+        # The first commit is one chunk (chunk_reader.read_pieces), then COMMIT_ROWS each.
+        commits = 1 + -(-(rows - snapshot.CHUNK_ROWS) // snapshot.COMMIT_ROWS)
         spark.sql(f"DROP TABLE {target}")
         killed = _killed_half_way(commits)
         if killed.returncode != -signal.SIGKILL:
@@ -126,8 +127,9 @@ def _measure(stack, rows: int) -> list[dict]:
         row(
             f"snapshot -> Iceberg ({lake_rows:,} rows, chunks of {snapshot.CHUNK_ROWS:,}, lock-free)",
             f"{snapshot_rate:,.0f} rows/s ({snapshot_seconds:.1f}s, start to published)",
+            before="44,419 rows/s (22.5s; reads in a thread of the driver)",
         ),
-        row("snapshot / raw", f"{ratio:.2f}x", f">= {TARGET_RATIO}x", ratio >= TARGET_RATIO),
+        row("snapshot / raw", f"{ratio:.2f}x", f">= {TARGET_RATIO}x", ratio >= TARGET_RATIO, before="0.28x"),
         row(
             "kill -9 half-way, then the next start resumes",
             f"{staged:,} rows kept; resumed and published in {resume_seconds:.1f}s "

@@ -14,6 +14,7 @@ import threading
 import time
 from collections import Counter
 from decimal import Decimal
+from pathlib import Path
 
 import pymysql
 import pytest
@@ -190,11 +191,15 @@ def make_sync(spark, lake_config):
         commit_rows: int = 200_000,
         include: tuple[str, ...] = (),
         exclude: tuple[str, ...] = (),
+        reads_in_process: bool = False,
     ) -> CdcSync:
+        """`reads_in_process`: the snapshot reads in the test's process, where a test can hook the
+        reads (`source_db.read_chunk`); every other test reads in the reader process, as the job."""
         selection = TableSelection.from_args(lake_config, pairs, include, exclude)
         sync = CdcSync(
             spark, lake_config, selection, resync=resync, server_id=next(_server_ids),
             snapshot_chunk_rows=chunk_rows, snapshot_commit_rows=commit_rows,
+            snapshot_reader_process=not reads_in_process,
         )  # fmt: skip
         if progress_seconds is not None:
             sync.progress_seconds = progress_seconds
@@ -405,7 +410,7 @@ def test_randomized_workload_converges(spark, app_conn, make_sync) -> None:
 
 
 def test_rows_changed_during_initial_snapshot_converge(
-    spark, app_conn, local_stack, secrets, make_sync, monkeypatch
+    spark, app_conn, local_stack, secrets, make_sync, monkeypatch, tmp_path
 ) -> None:
     """The snapshot under concurrent writes, with the CDC user's RDS privileges (no lock possible):
     20 chunks, writes committed between them and a writer that never stops; the lake then equals
@@ -421,22 +426,25 @@ def test_rows_changed_during_initial_snapshot_converge(
         )
     app_conn.commit()
     stop = threading.Event()
-    real_read_chunk = snapshot.source_db.read_chunk
     inside: list[int] = []  # statements committed while the snapshot was half read
-    chunks_read: list[tuple | None] = []
 
-    def read_chunk_with_writes_between(conn, table, after, rows):
-        # Before the 6th and the 11th chunk, another connection changes rows on both sides of the
-        # chunks read so far and commits: done here, at known points, because a writer thread's
-        # timing against the reads is luck (the GIL).
-        chunks_read.append(after)
-        if len(chunks_read) in (6, 11):
+    def writes_between_chunks(pauses) -> None:
+        # Before the 6th and the 11th chunk the snapshot's reader process waits while another
+        # connection changes rows on both sides of the chunks read so far and commits: at known
+        # points, because a writer thread's timing against the reads is luck.
+        for nth in (6, 11):
+            marker = pauses / f"cdc.snapshot-chunk.cdc_test_snapshot-{nth}"
+            deadline = time.monotonic() + 120
+            while not marker.exists() and not stop.is_set() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if not marker.exists():
+                return
             writer = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
             try:
                 inside.append(random_workload(writer, "cdc_test_snapshot", 40, seed=11, keys=20_000))
             finally:
                 writer.close()
-        return real_read_chunk(conn, table, after, rows)
+                marker.unlink()
 
     def churn() -> None:  # and a writer that keeps going before, during and after the snapshot
         conn = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
@@ -446,14 +454,19 @@ def test_rows_changed_during_initial_snapshot_converge(
         finally:
             conn.close()
 
-    monkeypatch.setattr(snapshot.source_db, "read_chunk", read_chunk_with_writes_between)
-    writer = threading.Thread(target=churn)
-    writer.start()
+    pauses = tmp_path / "pauses"
+    pauses.mkdir()
+    monkeypatch.setenv("LAKEHOUSE_PAUSE_AT", f"cdc.snapshot-chunk.cdc_test_snapshot:{pauses}:6,11")
+    writers = [threading.Thread(target=churn), threading.Thread(target=writes_between_chunks, args=(pauses,))]
+    for writer in writers:
+        writer.start()
     try:
-        sync = make_sync(pair, chunk_rows=1_000, commit_rows=5_000)  # read while the writers write
+        # Read by the reader process, as in the job, while the writers write.
+        sync = make_sync(pair, chunk_rows=1_000, commit_rows=5_000)
     finally:
         stop.set()
-        writer.join()
+        for writer in writers:
+            writer.join()
     assert len(inside) == 2 and min(inside) >= 40, "no write committed between the snapshot's chunks"
     assert snapshot.staging_tables(spark, "lakehouse.dim_db.cdc_test_snapshot") == []
     catch_up(sync)
@@ -485,7 +498,7 @@ def test_snapshot_reads_after_its_barrier_and_takes_no_lock(spark, app_conn, mak
         return real_cursor(self, query, args)
 
     monkeypatch.setattr(pymysql.cursors.Cursor, "execute", recording_execute)
-    make_sync(pair, chunk_rows=1_000)
+    make_sync(pair, chunk_rows=1_000, reads_in_process=True)
     monkeypatch.undo()
     assert calls[:2] == ["master_position", "write_barrier"], calls
     assert calls[2:] == ["read_chunk"] * 3, calls  # 1000 + 1000 + 500 rows
@@ -503,6 +516,19 @@ def test_snapshot_without_its_barrier_row_says_what_to_grant(spark, app_conn, ma
     with pytest.raises(ConfigError, match=r"GRANT SELECT, INSERT, UPDATE ON lakehouse_meta.no_such_barrier"):
         make_sync(pair)
     assert not spark.catalog.tableExists(f"lakehouse.dim_db.{name}")
+
+
+def reader_processes() -> list[str]:
+    """Command lines of the snapshot reader processes running on this machine."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+        except OSError:
+            continue
+        if b"jobs.cdc.chunk_reader" in cmdline:
+            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+    return found
 
 
 def test_kill_9_mid_snapshot_resumes_after_the_last_chunk_committed(
@@ -535,11 +561,16 @@ def test_kill_9_mid_snapshot_resumes_after_the_last_chunk_committed(
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert job.returncode == -signal.SIGKILL, job.stderr[-3000:]
+        # The job's reader process goes with it (it was reading ahead when the job died).
+        deadline = time.monotonic() + 15
+        while reader_processes() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not reader_processes(), "the killed job's snapshot reader is still running"
         [staging] = snapshot.staging_tables(spark, f"lakehouse.dim_db.{name}")
         stored = snapshot.SnapshotProgress.from_json(
             snapshot.read_progress(spark, staging, snapshot.PROGRESS_KEY)
         )
-        assert (stored.rows, stored.chunks) == (6_000, 6)
+        assert (stored.rows, stored.chunks) == (5_000, 5)  # a first piece of one chunk, then 2 of 2
         assert not spark.catalog.tableExists(f"lakehouse.dim_db.{name}")  # nothing published yet
         starts: list = []
         real_read_chunk = snapshot.source_db.read_chunk
@@ -549,7 +580,7 @@ def test_kill_9_mid_snapshot_resumes_after_the_last_chunk_committed(
             return real_read_chunk(conn, table, after, rows)
 
         monkeypatch.setattr(snapshot.source_db, "read_chunk", recording)
-        sync = make_sync(pair, chunk_rows=1_000, commit_rows=2_000)
+        sync = make_sync(pair, chunk_rows=1_000, commit_rows=2_000, reads_in_process=True)
     finally:
         stop.set()
         writer.join()
@@ -631,7 +662,7 @@ def _drop_tables(conn: pymysql.Connection, spark, names: list[str]) -> None:
 
 
 def test_whole_database_sync_follows_new_tables_and_stops_only_a_table_without_a_key(
-    spark, app_conn, make_sync, local_stack, secrets, monkeypatch
+    spark, app_conn, make_sync, local_stack, secrets, monkeypatch, tmp_path
 ) -> None:
     """`--include user_db.<prefix>_*`: the tables there at start are snapshotted; one created while
     the job runs (plain, CREATE ... SELECT, renamed into the pattern) is snapshotted - with writes
@@ -651,22 +682,29 @@ def test_whole_database_sync_follows_new_tables_and_stops_only_a_table_without_a
         cur.execute(f"CREATE TABLE {p}_skip (id INT PRIMARY KEY)")
     app_conn.commit()
 
-    real_read_chunk = snapshot.source_db.read_chunk
     between_chunks: list[int] = []
-    chunks_of: list[str] = []
+    pauses = tmp_path / "pauses"
+    pauses.mkdir()
+    # While the new table's snapshot is half read (its reader process waits before its 2nd chunk),
+    # another connection changes it and commits.
+    monkeypatch.setenv("LAKEHOUSE_PAUSE_AT", f"cdc.snapshot-chunk.{p}_b:{pauses}:2")
 
-    def read_chunk_with_writes_between(conn, table, after, rows):
-        chunks_of.append(table.name)
-        # While the new table's snapshot is half read, another connection changes it and commits.
-        if table.name == f"{p}_b" and after is not None and not between_chunks:
-            writer = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
-            try:
-                between_chunks.append(random_workload(writer, f"{p}_b", 60, seed=5, keys=2_000))
-            finally:
-                writer.close()
-        return real_read_chunk(conn, table, after, rows)
+    def write_between_chunks() -> None:
+        marker = pauses / f"cdc.snapshot-chunk.{p}_b-2"
+        deadline = time.monotonic() + 300
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not marker.exists():
+            return
+        writer = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
+        try:
+            between_chunks.append(random_workload(writer, f"{p}_b", 60, seed=5, keys=2_000))
+        finally:
+            writer.close()
+            marker.unlink()
 
-    monkeypatch.setattr(snapshot.source_db, "read_chunk", read_chunk_with_writes_between)
+    pauser = threading.Thread(target=write_between_chunks, daemon=True)
+    pauser.start()
     sync = make_sync(include=(f"user_db.{p}_*",), exclude=(f"user_db.{p}_skip*",), chunk_rows=100)
     assert sorted(t.spec.source for t in sync.tables.values()) == [f"user_db.{p}_a", f"user_db.{p}_nokey"]
     (error,) = sync.errors
@@ -688,6 +726,7 @@ def test_whole_database_sync_follows_new_tables_and_stops_only_a_table_without_a
     app_conn.commit()
     random_workload(app_conn, f"{p}_a", 40, seed=2, keys=300)
     catch_up(sync)
+    pauser.join(timeout=5)
     assert between_chunks and between_chunks[0] >= 60, "no write landed between the new table's chunks"
     # Changes after the new tables' snapshots are followed too.
     for name, seed in ((f"{p}_b", 3), (f"{p}_c", 4), (f"{p}_d", 6)):
@@ -708,8 +747,15 @@ def test_whole_database_sync_follows_new_tables_and_stops_only_a_table_without_a
     # A restart finds every table where it left it: no snapshot again, the changes since applied.
     sync.close()
     random_workload(app_conn, f"{p}_c", 30, seed=7, keys=2_000)
-    chunks_of.clear()
-    again = make_sync(include=(f"user_db.{p}_*",), exclude=(f"user_db.{p}_skip*",))
+    chunks_of: list[str] = []
+    real_read_chunk = snapshot.source_db.read_chunk
+
+    def recording(conn, table, after, rows):
+        chunks_of.append(table.name)
+        return real_read_chunk(conn, table, after, rows)
+
+    monkeypatch.setattr(snapshot.source_db, "read_chunk", recording)
+    again = make_sync(include=(f"user_db.{p}_*",), exclude=(f"user_db.{p}_skip*",), reads_in_process=True)
     catch_up(again)
     assert chunks_of == [], "a table the lake already had was snapshotted again"
     for name in (f"{p}_a", f"{p}_b", f"{p}_c", f"{p}_d"):
@@ -1240,7 +1286,7 @@ def test_a_write_to_rows_already_read_is_not_lost(
         return real_read_chunk(conn, table, after, rows)
 
     monkeypatch.setattr(snapshot.source_db, "read_chunk", write_behind_the_reads)
-    sync = make_sync(pair, chunk_rows=20)
+    sync = make_sync(pair, chunk_rows=20, reads_in_process=True)
     monkeypatch.setattr(snapshot.source_db, "read_chunk", real_read_chunk)
     assert writes == [("k00019",)], "the writes behind the reads never ran"
     catch_up(sync)

@@ -71,19 +71,31 @@ def changes_frame(spark, columns: list[tuple[str, str]], changes: list[RowChange
 def arrow_frame(spark, table, schema):
     """A DataFrame of an Arrow table, sent to the JVM as Arrow (no pickling, no Python worker): the
     path `createDataFrame(pandas_df)` takes in Spark 3.5, without the detour through pandas."""
+    with tempfile.NamedTemporaryFile(dir=spark.sparkContext._temp_dir, suffix=".arrow", delete=False) as f:
+        path = f.name
+    write_arrow_file(table, path)
+    try:
+        return arrow_file_frame(spark, path, schema)
+    finally:
+        os.unlink(path)
+
+
+def write_arrow_file(table, path) -> None:
+    """`table` as an Arrow IPC stream file, in batches of the size Spark reads."""
     import pyarrow as pa
+
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=ARROW_BATCH_ROWS):
+            writer.write_batch(batch)
+
+
+def arrow_file_frame(spark, path, schema):
+    """A DataFrame of an Arrow IPC stream file (read into the JVM at once: the file may go after)."""
     from pyspark.sql import DataFrame
 
     utils = spark.sparkContext._jvm.org.apache.spark.sql.api.python.PythonSQLUtils
-    with tempfile.NamedTemporaryFile(dir=spark.sparkContext._temp_dir, suffix=".arrow", delete=False) as f:
-        with pa.ipc.new_stream(f, table.schema) as writer:
-            for batch in table.to_batches(max_chunksize=ARROW_BATCH_ROWS):
-                writer.write_batch(batch)
-    try:
-        batches = utils.readArrowStreamFromFile(f.name)
-        return DataFrame(utils.toDataFrame(batches, schema.json(), spark._jsparkSession), spark)
-    finally:
-        os.unlink(f.name)
+    batches = utils.readArrowStreamFromFile(str(path))
+    return DataFrame(utils.toDataFrame(batches, schema.json(), spark._jsparkSession), spark)
 
 
 def merge_statement(

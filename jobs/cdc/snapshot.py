@@ -17,7 +17,8 @@ table converges to the source however the chunks and the writes interleave.
 **Resume.** Chunks are appended to a staging table (`<target>__cdc_snapshot_<id>`), each commit
 carrying B, the last key read and the counts (`lakehouse.cdc.snapshot`). A job killed mid-snapshot
 resumes after the last committed chunk with the same B (if the source still has B's binlog;
-otherwise it starts over). Reading the next chunks overlaps with writing the previous ones.
+otherwise it starts over). The rows are read and converted to Arrow by a process of its own
+(`chunk_reader`) while the driver commits the previous ones: the two never wait on one Python lock.
 
 **Publish.** A target that does not exist yet becomes the staging table, renamed (no copy), then
 stores B in a commit of its own. An existing target (a `--resync`) gets the staging table's rows in
@@ -30,8 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
-import threading
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -40,8 +40,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from jobs.cdc import position_commit, source_db, target_table
-from jobs.cdc.apply_changes import arrow_column, arrow_frame
+from jobs.cdc.apply_changes import arrow_file_frame, arrow_frame
 from jobs.cdc.binlog_reader import BinlogPosition
+from jobs.cdc.chunk_reader import ChunkReader, Piece, keys_from_json, keys_to_json, read_pieces, rows_table
 from jobs.cdc.schema_mapping import spark_schema
 from jobs.cdc.source_db import SourceTable
 from jobs.cdc.target_table import POSITION_KEY, TABLE_PROPERTIES
@@ -65,11 +66,10 @@ class SnapshotProgress:
     chunks: int
 
     def to_json(self) -> str:
-        after = None if self.after is None else [_json_key(v) for v in self.after]
         return json.dumps(
             {
                 "position": json.loads(self.position.to_json()),
-                "after": after,
+                "after": keys_to_json(self.after),
                 "rows": self.rows,
                 "chunks": self.chunks,
             }
@@ -78,25 +78,12 @@ class SnapshotProgress:
     @classmethod
     def from_json(cls, text: str) -> SnapshotProgress:
         data = json.loads(text)
-        after = None if data["after"] is None else tuple(_key_value(v) for v in data["after"])
         return cls(
-            BinlogPosition.from_json(json.dumps(data["position"])), after, data["rows"], data["chunks"]
+            BinlogPosition.from_json(json.dumps(data["position"])),
+            keys_from_json(data["after"]),
+            data["rows"],
+            data["chunks"],
         )
-
-
-def _json_key(value: object) -> object:
-    """A key value as JSON that reads back as what MySQL compares it with (text for decimals, dates)."""
-    if isinstance(value, bytes):
-        return {"hex": value.hex()}
-    if isinstance(value, int | float | str) or value is None:
-        return value
-    return {"text": str(value)}
-
-
-def _key_value(value: object) -> object:
-    if isinstance(value, dict):
-        return bytes.fromhex(value["hex"]) if "hex" in value else value["text"]
-    return value
 
 
 def new_staging_table(target: str) -> str:
@@ -123,14 +110,14 @@ def schema_matches(spark, target: str, source: SourceTable) -> bool:
 
 def rows_frame(spark, source: SourceTable, rows: list[tuple]):
     """Source rows (as `source_db.read_chunk` returns them) as the DataFrame a snapshot writes."""
-    import pyarrow as pa
+    return arrow_frame(spark, rows_table(source, rows), frame_schema(source))
 
+
+def frame_schema(source: SourceTable) -> T.StructType:
     columns = [(c.name, c.spark_type) for c in source.columns]
-    arrays = [arrow_column([row[i] for row in rows], kind) for i, (_, kind) in enumerate(columns)]
-    schema = T.StructType(
+    return T.StructType(
         [T.StructField(f.name, f.dataType, f.name not in source.key) for f in spark_schema(columns).fields]
     )
-    return arrow_frame(spark, pa.Table.from_arrays(arrays, names=[n for n, _ in columns]), schema)
 
 
 def _stored_progress(spark, staging: str) -> SnapshotProgress | None:
@@ -179,12 +166,14 @@ def snapshot_table(
     chunk_rows: int = CHUNK_ROWS,
     commit_rows: int = COMMIT_ROWS,
     resume: bool = True,
+    reader_connection: dict | None = None,
 ) -> SnapshotResult:
     """Load the source table into `target`; returns the position stored with it (B).
 
     `binlog_alive(position)` says why the source can no longer replay from `position` (None: it can);
     an interrupted snapshot resumes only from a position the source still has. `resume=False` (a
-    re-snapshot while the binlog reader is already past older positions) always starts afresh."""
+    re-snapshot while the binlog reader is already past older positions) always starts afresh.
+    `reader_connection`: the source's connection settings, for reading in a process of its own."""
     source = source_db.describe_table(conn, source_schema, source_name)
     columns = [(c.name, c.spark_type) for c in source.columns]  # UnsupportedType before any write
     if not resume:
@@ -204,7 +193,9 @@ def snapshot_table(
         target_table.create_iceberg_table(spark, staging, columns, source.key)
         progress = SnapshotProgress(position, None, 0, 0)
     began = time.monotonic()
-    progress = _copy_chunks(spark, conn, source, staging, progress, chunk_rows, commit_rows)
+    progress = _copy_chunks(
+        spark, conn, source, staging, progress, chunk_rows, commit_rows, reader_connection
+    )
     _publish(spark, source, staging, target, progress)
     log.info(
         "snapshot %s -> %s: %s rows in %d chunks at %s (%.1f s)",
@@ -228,42 +219,6 @@ def drop_finished_staging(spark, target: str, stored: BinlogPosition) -> None:
             )
 
 
-_READ_AHEAD = 2  # chunks read while the previous ones are written
-
-
-def _read_ahead(
-    conn, source: SourceTable, after, chunk_rows: int, stop: threading.Event
-) -> tuple[queue.Queue, threading.Thread]:
-    """Read chunks in a thread of their own (the driver's reading overlaps Spark's writing); the
-    queue yields (rows, last key, done) and, if a read fails, the exception."""
-    chunks: queue.Queue = queue.Queue(maxsize=_READ_AHEAD)
-
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                chunks.put(item, timeout=0.5)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def read() -> None:
-        key = after
-        try:
-            while not stop.is_set():
-                rows, last = source_db.read_chunk(conn, source, key, chunk_rows)
-                done = len(rows) < chunk_rows
-                if not put((rows, last, done)) or done:
-                    return
-                key = last
-        except Exception as exc:  # noqa: BLE001 - handed to the writing thread, which raises it
-            put(exc)
-
-    thread = threading.Thread(target=read, name="cdc-snapshot-read", daemon=True)
-    thread.start()
-    return chunks, thread
-
-
 def _copy_chunks(
     spark,
     conn,
@@ -272,37 +227,53 @@ def _copy_chunks(
     progress: SnapshotProgress,
     chunk_rows: int,
     commit_rows: int,
+    reader_connection: dict | None,
 ) -> SnapshotProgress:
+    """Read the rest of the table after `progress.after` and append it to `staging`, one commit per
+    `commit_rows` rows. With `reader_connection` (connection settings) the rows are read and
+    converted by a process of its own (`chunk_reader`) while this one commits; without, in turn."""
     estimate = max(source_db.estimated_rows(conn, source), progress.rows)
     began, rows_at_start = time.monotonic(), progress.rows
-    pending: list[tuple] = []
-    after, chunks, done = progress.after, progress.chunks, False
-    stop = threading.Event()
-    reads, reader = _read_ahead(conn, source, after, chunk_rows, stop)
+    schema = frame_schema(source)
+    reader = None
+    if reader_connection is not None:
+        reader = ChunkReader(
+            reader_connection, source, progress.after, chunk_rows, commit_rows, spark.sparkContext._temp_dir
+        )
+        pieces = ((arrow_file_frame(spark, p.path, schema), p.path, p) for p in reader)
+    else:
+        read = read_pieces(conn, source, progress.after, chunk_rows, commit_rows)
+        pieces = (
+            (rows_frame(spark, source, rows), None, Piece("", after, len(rows), chunks, done))
+            for rows, after, chunks, done in read
+        )
     try:
-        while not done:
-            item = reads.get()
-            if isinstance(item, Exception):
-                raise item
-            rows, last, done = item
-            pending += rows
-            chunks += 1
-            after = last if last is not None else after
-            if len(pending) >= commit_rows or (done and pending):
-                progress = SnapshotProgress(progress.position, after, progress.rows + len(pending), chunks)
-                _append(spark, source, staging, pending, progress)
-                pending = []
-                crash_point("cdc.snapshot-commit")
-                _log_progress(source, progress, estimate, began, rows_at_start, done)
+        waited = time.monotonic()
+        for frame, path, piece in pieces:
+            if path is not None:
+                os.unlink(path)  # in the JVM now; the reader may write the next one
+            if not piece.rows:
+                continue  # the table ended with the previous piece
+            progress = SnapshotProgress(
+                progress.position, piece.after, progress.rows + piece.rows, progress.chunks + piece.chunks
+            )
+            appending = time.monotonic()
+            _append(staging, frame, progress)
+            crash_point("cdc.snapshot-commit")
+            log.debug(
+                "snapshot %s: waited %.2f s for %d rows, committed them in %.2f s",
+                source.qualified, appending - waited, piece.rows, time.monotonic() - appending,
+            )  # fmt: skip
+            _log_progress(source, progress, estimate, began, rows_at_start, piece.done)
+            waited = time.monotonic()
     finally:
-        stop.set()
-        # The connection is the caller's again only once the read in flight (one chunk) is over.
-        reader.join(timeout=120)
+        if reader is not None:
+            reader.close()
     return progress
 
 
-def _append(spark, source: SourceTable, staging: str, rows: list[tuple], progress: SnapshotProgress) -> None:
-    frame = rows_frame(spark, source, rows)
+def _append(staging: str, frame, progress: SnapshotProgress) -> None:
+    spark = frame.sparkSession
     options = writer_options({PROGRESS_KEY: progress.to_json()})
 
     @retry_commit()

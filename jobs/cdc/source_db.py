@@ -107,16 +107,7 @@ def connect(config: LakehouseConfig, creds: Credentials) -> pymysql.Connection:
     """A connection for the CDC user. Raises ConfigError (not retried) when the server refuses the
     credentials, pymysql's OperationalError (retried by callers) when it cannot be reached."""
     try:
-        conn = pymysql.connect(
-            host=config.mysql.host,
-            port=config.mysql.port,
-            user=creds.user,
-            password=creds.password,
-            connect_timeout=5,
-            autocommit=True,
-            charset="utf8mb4",
-            **config.mysql.tls_options(),
-        )
+        return connect_with(connection_settings(config, creds))
     except pymysql.err.OperationalError as exc:
         if exc.args and exc.args[0] in REFUSALS:
             raise ConfigError(
@@ -125,6 +116,11 @@ def connect(config: LakehouseConfig, creds: Credentials) -> pymysql.Connection:
                 "secret given by --mysql-cdc-secret-id)"
             ) from None
         raise
+
+
+def connect_with(settings: dict) -> pymysql.Connection:
+    """A connection from `connection_settings` (also in the snapshot's reader process)."""
+    conn = pymysql.connect(**settings, autocommit=True, charset="utf8mb4")
     with conn.cursor() as cur:
         cur.execute("SET time_zone = '+00:00'")  # TIMESTAMPs as UTC wall time, like the binlog
     return conn

@@ -122,6 +122,7 @@ class CdcSync(StreamingJob):
         snapshot_chunk_rows: int = snapshot.CHUNK_ROWS,
         snapshot_commit_rows: int = snapshot.COMMIT_ROWS,
         schema_changes: str = schema_policy.DEFAULT_POLICY,
+        snapshot_reader_process: bool = True,
     ) -> None:
         self.spark = spark
         self.config = config
@@ -141,6 +142,9 @@ class CdcSync(StreamingJob):
         self.stop_at_source_end = stop_at_source_end
         self.snapshot_chunk_rows = snapshot_chunk_rows
         self.snapshot_commit_rows = snapshot_commit_rows
+        # False reads the snapshot's chunks in this process, in turn with the commits (slower; for
+        # tests that hook the reads).
+        self.snapshot_reader_process = snapshot_reader_process
         if schema_changes not in schema_policy.POLICIES:
             raise ConfigError(
                 f"--schema-changes {schema_changes!r}: choose from {', '.join(schema_policy.POLICIES)}"
@@ -320,6 +324,11 @@ class CdcSync(StreamingJob):
             chunk_rows=self.snapshot_chunk_rows,
             commit_rows=self.snapshot_commit_rows,
             resume=resume,
+            reader_connection=(
+                source_db.connection_settings(self.config, self.credentials)
+                if self.snapshot_reader_process
+                else None
+            ),
         )
 
     # ---- one micro-batch ----------------------------------------------------------------------

@@ -1,0 +1,227 @@
+"""The snapshot's reading half, in a process of its own: chunks by primary key -> Arrow files.
+
+Why a process: reading (pymysql parses every row in Python) and converting rows for Spark are both
+Python work. In the driver's process they shared one interpreter lock with each other and with
+py4j, and the snapshot copied at 0.28x the speed of a bare `SELECT *`. The child reads a piece
+(`piece_rows` rows, read `chunk_rows` at a time), converts it to Arrow and writes it as an Arrow
+IPC stream file; the driver hands each file to the JVM and commits it while the child reads on.
+
+Protocol (`python -m jobs.cdc.chunk_reader`): one JSON request on stdin (connection settings, the
+table as described by the driver, where to start, sizes, the directory for the files); one JSON line
+per piece on stdout (`path`, `after` = its last key, `rows`, `chunks`, `done`), or one `error` line
+and exit status 1. The child writes ahead of the driver by at most `READ_AHEAD` files, and exits
+when the driver is gone (a kill -9 leaves no reader behind).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pymysql
+
+from jobs.cdc import source_db
+from jobs.cdc.apply_changes import arrow_column, write_arrow_file
+from jobs.cdc.schema_mapping import SourceColumn
+from jobs.cdc.source_db import SourceTable
+from jobs.common.fault_injection import pause_point
+
+READ_AHEAD = 2  # pieces written and not yet taken by the driver
+
+
+@dataclass(frozen=True)
+class Piece:
+    path: str  # an Arrow IPC stream file of the piece's rows, in column order
+    after: tuple | None  # the last key of the piece (None: the table had no row after the start)
+    rows: int
+    chunks: int
+    done: bool  # the table has no rows after this piece
+
+
+class ReaderFailed(RuntimeError):
+    """The reader process failed for a reason that is not the source's (a bug, a full disk)."""
+
+
+def keys_to_json(key: tuple | None) -> list | None:
+    """A key as JSON that reads back as what MySQL compares it with (text for decimals, dates)."""
+    return None if key is None else [_json_value(v) for v in key]
+
+
+def keys_from_json(data: list | None) -> tuple | None:
+    return None if data is None else tuple(_value(v) for v in data)
+
+
+def _json_value(value: object) -> object:
+    if isinstance(value, bytes):
+        return {"hex": value.hex()}
+    if isinstance(value, int | float | str) or value is None:
+        return value
+    return {"text": str(value)}
+
+
+def _value(value: object) -> object:
+    if isinstance(value, dict):
+        return bytes.fromhex(value["hex"]) if "hex" in value else value["text"]
+    return value
+
+
+def rows_table(source: SourceTable, rows: list[tuple]):
+    """Source rows (as `source_db.read_chunk` returns them) as an Arrow table of the lake's types."""
+    import pyarrow as pa
+
+    columns = [(c.name, c.spark_type) for c in source.columns]
+    arrays = [arrow_column([row[i] for row in rows], kind) for i, (_, kind) in enumerate(columns)]
+    return pa.Table.from_arrays(arrays, names=[n for n, _ in columns])
+
+
+def read_pieces(
+    conn, source: SourceTable, after: tuple | None, chunk_rows: int, piece_rows: int
+) -> Iterator[tuple[list[tuple], tuple | None, int, bool]]:
+    """(rows, last key, chunks, done) per piece of about `piece_rows` rows, in key order. The first
+    piece is one chunk: the driver's first commit (seconds of JVM warm-up) then overlaps with
+    reading the second piece instead of waiting for a whole one."""
+    pending: list[tuple] = []
+    chunks = 0
+    wanted = chunk_rows
+    while True:
+        pause_point(f"cdc.snapshot-chunk.{source.name}")
+        rows, last = source_db.read_chunk(conn, source, after, chunk_rows)
+        pending += rows
+        chunks += 1
+        after = last if last is not None else after
+        done = len(rows) < chunk_rows
+        if len(pending) >= wanted or done:
+            yield pending, after, chunks, done
+            pending, chunks, wanted = [], 0, piece_rows
+        if done:
+            return
+
+
+# ---- the driver's side -------------------------------------------------------------------------
+
+
+class ChunkReader:
+    """Starts the reader process and yields its pieces; `close()` stops it (also on errors)."""
+
+    def __init__(
+        self,
+        connection: dict,
+        source: SourceTable,
+        after: tuple | None,
+        chunk_rows: int,
+        piece_rows: int,
+        directory: str,
+    ) -> None:
+        self.directory = Path(directory) / f"cdc-snapshot-{uuid.uuid4().hex[:8]}"
+        self.directory.mkdir(parents=True)
+        request = {
+            "connection": connection,
+            "source": asdict(source),
+            "after": keys_to_json(after),
+            "chunk_rows": chunk_rows,
+            "piece_rows": piece_rows,
+            "directory": str(self.directory),
+        }
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jobs.cdc.chunk_reader"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=os.getcwd(),
+        )
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(request))  # the password goes through a pipe, not argv
+        self.process.stdin.close()
+
+    def __iter__(self) -> Iterator[Piece]:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            message = json.loads(line)
+            if "error" in message:
+                self.process.wait(timeout=30)  # it exits right after reporting
+                raise _error(message)
+            after = keys_from_json(message["after"])
+            yield Piece(message["path"], after, message["rows"], message["chunks"], message["done"])
+            if message["done"]:
+                return
+        status = self.process.wait()
+        raise ReaderFailed(
+            f"the snapshot's reader process ended (exit status {status}) before the table's end"
+        )
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        for leftover in self.directory.glob("*"):
+            leftover.unlink()
+        self.directory.rmdir()
+
+
+def _error(message: dict) -> Exception:
+    """The child's error as the exception the driver's callers handle (see `main`)."""
+    kind, text = message["error"], message["message"]
+    if kind == "MissingTable":
+        return source_db.MissingTable(text)
+    if kind == "OperationalError":  # the source unreachable: retried like any connection error
+        return pymysql.err.OperationalError(message.get("code", 2013), text)
+    return ReaderFailed(f"the snapshot's reader process failed: {kind}: {text}")
+
+
+# ---- the child ---------------------------------------------------------------------------------
+
+
+def _parent_gone(parent: int) -> bool:
+    return os.getppid() != parent
+
+
+def main() -> int:
+    parent = os.getppid()
+    request = json.loads(sys.stdin.read())
+    data = request["source"]
+    source = SourceTable(
+        data["schema"], data["name"], tuple(SourceColumn(**c) for c in data["columns"]), tuple(data["key"])
+    )
+    after = keys_from_json(request["after"])
+    directory = Path(request["directory"])
+    try:
+        conn = source_db.connect_with(request["connection"])
+        pieces = read_pieces(conn, source, after, request["chunk_rows"], request["piece_rows"])
+        for number, (rows, last, chunks, done) in enumerate(pieces):
+            while len(list(directory.glob("*.arrow"))) >= READ_AHEAD:  # the driver is behind
+                if _parent_gone(parent):
+                    return 1
+                time.sleep(0.02)
+            path = directory / f"{number:06d}.arrow"
+            write_arrow_file(rows_table(source, rows), path.with_suffix(".tmp"))
+            path.with_suffix(".tmp").rename(path)  # whole files only
+            piece = {
+                "path": str(path),
+                "after": keys_to_json(last),
+                "rows": len(rows),
+                "chunks": chunks,
+                "done": done,
+            }
+            print(json.dumps(piece), flush=True)
+    except BrokenPipeError:
+        return 1  # the driver is gone
+    except Exception as exc:  # noqa: BLE001 - reported to the driver, which raises it
+        report = {"error": type(exc).__name__, "message": str(exc.args[-1] if exc.args else exc)}
+        if isinstance(exc, pymysql.err.OperationalError) and exc.args:
+            report["code"] = exc.args[0]
+        if not isinstance(exc, source_db.MissingTable | pymysql.err.OperationalError):
+            report["message"] = repr(exc)
+        print(json.dumps(report), flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
