@@ -192,6 +192,7 @@ def make_sync(spark, lake_config):
         include: tuple[str, ...] = (),
         exclude: tuple[str, ...] = (),
         reads_in_process: bool = False,
+        metrics=None,
     ) -> CdcSync:
         """`reads_in_process`: the snapshot reads in the test's process, where a test can hook the
         reads (`source_db.read_chunk`); every other test reads in the reader process, as the job."""
@@ -200,6 +201,7 @@ def make_sync(spark, lake_config):
             spark, lake_config, selection, resync=resync, server_id=next(_server_ids),
             snapshot_chunk_rows=chunk_rows, snapshot_commit_rows=commit_rows,
             snapshot_reader_process=not reads_in_process,
+            **({"metrics": metrics} if metrics is not None else {}),
         )  # fmt: skip
         if progress_seconds is not None:
             sync.progress_seconds = progress_seconds
@@ -473,6 +475,19 @@ def test_rows_changed_during_initial_snapshot_converge(
     assert assert_converged(spark, app_conn, "cdc_test_snapshot") > 15_000
 
 
+class RecordingMetrics:
+    """A metrics sink that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.batches: list = []
+
+    def record(self, batch) -> None:
+        self.batches.append(batch)
+
+    def close(self) -> None:
+        pass
+
+
 def test_snapshot_reads_after_its_barrier_and_takes_no_lock(spark, app_conn, make_sync, monkeypatch) -> None:
     """The order the proof rests on: the position, then the barrier's commit, then the reads; and
     nothing on the source that RDS would refuse the CDC user (a lock, FLUSH, a long transaction)."""
@@ -498,10 +513,17 @@ def test_snapshot_reads_after_its_barrier_and_takes_no_lock(spark, app_conn, mak
         return real_cursor(self, query, args)
 
     monkeypatch.setattr(pymysql.cursors.Cursor, "execute", recording_execute)
-    make_sync(pair, chunk_rows=1_000, reads_in_process=True)
+    metrics = RecordingMetrics()
+    make_sync(pair, chunk_rows=1_000, reads_in_process=True, metrics=metrics)
     monkeypatch.undo()
     assert calls[:2] == ["master_position", "write_barrier"], calls
     assert calls[2:] == ["read_chunk"] * 3, calls  # 1000 + 1000 + 500 rows
+    # Each commit's rows reach the metrics (job cdc-snapshot): a first piece of one chunk, then the rest.
+    snapshot_batches = [(b.job, b.table, b.records_in) for b in metrics.batches if b.job == "cdc-snapshot"]
+    assert snapshot_batches == [
+        ("cdc-snapshot", f"dim_db.{name}", 1_000),
+        ("cdc-snapshot", f"dim_db.{name}", 1_500),
+    ]
     forbidden = ("LOCK", "FLUSH", "START TRANSACTION", "BEGIN", "SET SESSION TRANSACTION")
     assert not [s for s in statements if s.startswith(forbidden)], statements
     assert assert_converged(spark, app_conn, name) == 2_500

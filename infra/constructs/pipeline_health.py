@@ -221,6 +221,18 @@ class PipelineHealth(Construct):
             ),
             graph("Streaming step restarts", [restarts], width=8),
         )
+        # Any table's snapshot (whole-database sync picks tables up at run time): rows committed per
+        # minute, per table, found by SEARCH rather than listed.
+        snapshot_rows = cloudwatch.MathExpression(
+            expression=(
+                f'SEARCH(\'{{{namespace},Job,Table}} Job="cdc-snapshot" MetricName="RecordsIn"\', '
+                "'Sum', 60)"
+            ),
+            using_metrics={},
+            label="",
+            period=Duration.minutes(1),
+        )
+        self.dashboard.add_widgets(graph("CDC snapshots: rows copied per minute", [snapshot_rows], width=24))
         self.dashboard.add_widgets(
             graph("MSK bytes in per broker", bytes_in),
             graph(

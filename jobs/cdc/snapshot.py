@@ -48,6 +48,7 @@ from jobs.cdc.source_db import SourceTable
 from jobs.cdc.target_table import POSITION_KEY, TABLE_PROPERTIES
 from jobs.common import progress_keys
 from jobs.common.fault_injection import crash_point
+from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink
 from jobs.common.snapshot_progress import read_progress, retry_commit, writer_options
 
 log = logging.getLogger("cdc_snapshot")
@@ -167,13 +168,16 @@ def snapshot_table(
     commit_rows: int = COMMIT_ROWS,
     resume: bool = True,
     reader_connection: dict | None = None,
+    metrics: MetricsSink = NO_METRICS,
 ) -> SnapshotResult:
     """Load the source table into `target`; returns the position stored with it (B).
 
     `binlog_alive(position)` says why the source can no longer replay from `position` (None: it can);
     an interrupted snapshot resumes only from a position the source still has. `resume=False` (a
     re-snapshot while the binlog reader is already past older positions) always starts afresh.
-    `reader_connection`: the source's connection settings, for reading in a process of its own."""
+    `reader_connection`: the source's connection settings, for reading in a process of its own.
+    `metrics` gets each commit's rows and seconds (job `cdc-snapshot`): a long snapshot's rate on
+    the dashboard, not only in the log."""
     source = source_db.describe_table(conn, source_schema, source_name)
     columns = [(c.name, c.spark_type) for c in source.columns]  # UnsupportedType before any write
     if not resume:
@@ -194,7 +198,7 @@ def snapshot_table(
         progress = SnapshotProgress(position, None, 0, 0)
     began = time.monotonic()
     progress = _copy_chunks(
-        spark, conn, source, staging, progress, chunk_rows, commit_rows, reader_connection
+        spark, conn, source, staging, progress, chunk_rows, commit_rows, reader_connection, metrics, target
     )
     _publish(spark, source, staging, target, progress)
     log.info(
@@ -228,6 +232,8 @@ def _copy_chunks(
     chunk_rows: int,
     commit_rows: int,
     reader_connection: dict | None,
+    metrics: MetricsSink,
+    target: str,
 ) -> SnapshotProgress:
     """Read the rest of the table after `progress.after` and append it to `staging`, one commit per
     `commit_rows` rows. With `reader_connection` (connection settings) the rows are read and
@@ -260,9 +266,19 @@ def _copy_chunks(
             appending = time.monotonic()
             _append(staging, frame, progress)
             crash_point("cdc.snapshot-commit")
+            committed = time.monotonic()
+            metrics.record(
+                BatchMetrics(
+                    job="cdc-snapshot",
+                    table=target.split(".", 1)[-1],
+                    records_in=piece.rows,
+                    batch_seconds=committed - waited,
+                    commit_seconds=committed - appending,
+                )
+            )
             log.debug(
                 "snapshot %s: waited %.2f s for %d rows, committed them in %.2f s",
-                source.qualified, appending - waited, piece.rows, time.monotonic() - appending,
+                source.qualified, appending - waited, piece.rows, committed - appending,
             )  # fmt: skip
             _log_progress(source, progress, estimate, began, rows_at_start, piece.done)
             waited = time.monotonic()

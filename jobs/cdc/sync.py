@@ -329,6 +329,7 @@ class CdcSync(StreamingJob):
                 if self.snapshot_reader_process
                 else None
             ),
+            metrics=self.metrics,
         )
 
     # ---- one micro-batch ----------------------------------------------------------------------

@@ -202,8 +202,18 @@ def test_the_dashboard_shows_freshness_events_cdc_lag_restarts_msk_and_rds(synth
         "MSK bytes in per broker",
         "RDS CPU",
         "Pipeline alarms",
+        "CDC snapshots: rows copied per minute",
     ):
         assert title in body, title
+    # The snapshot graph finds every table's snapshot by the job name the snapshot publishes under.
+    separator, parts = dashboard["Properties"]["DashboardBody"]["Fn::Join"]
+    widgets = json.loads(separator.join(p if isinstance(p, str) else "ref" for p in parts))["widgets"]
+    (snapshots,) = [w for w in widgets if w["properties"].get("title", "").startswith("CDC snapshots")]
+    ((search,),) = snapshots["properties"]["metrics"]
+    namespace = synthesized.config.metrics_namespace
+    assert search["expression"] == (
+        f"SEARCH('{{{namespace},Job,Table}} Job=\"cdc-snapshot\" MetricName=\"RecordsIn\"', 'Sum', 60)"
+    )
 
 
 def test_the_supervisor_counts_restarts_and_the_jobs_may_publish_only_their_namespace(synthesized) -> None:
