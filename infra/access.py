@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from aws_cdk import Aws
 from aws_cdk import aws_iam as iam
 
+from infra.config import DeploymentConfig
+
 # CloudFormation's execution role of the CDK bootstrap (any qualifier): it resolves the RDS
 # password's `{{resolve:secretsmanager:…}}` and writes the secret's attachment at deploy.
 CFN_EXECUTION_ROLE_NAME_PATTERN = "cdk-*-cfn-exec-role-*"
@@ -28,29 +30,52 @@ def role_arn(name: str) -> str:
 
 @dataclass(frozen=True)
 class NamedRoles:
-    """The fixed names of the roles the resource policies name (`lakehouse-<env>-…`)."""
+    """The fixed names of the roles the resource policies name: `lakehouse-<env>-<role>-<region>`
+    (IAM names are account-wide; an environment is per region, like its buckets' names)."""
 
     name_prefix: str
+    compute_stack_name: str
+
+    @classmethod
+    def of(cls, config: DeploymentConfig) -> NamedRoles:
+        return cls(config.name_prefix, config.stack_name("Compute"))
+
+    def _name(self, role: str) -> str:
+        return f"{self.name_prefix}-{role}-{Aws.REGION}"
 
     @property
     def emr_instance(self) -> str:
         """The EMR nodes' role: the jobs, Trino and Hive read and write the lake with it."""
-        return f"{self.name_prefix}-emr-instance"
+        return self._name("emr-instance")
+
+    @property
+    def legacy_emr_instance_pattern(self) -> str:
+        """The nodes' role as deployed before it had a fixed name (CloudFormation named it after
+        the Compute stack and its logical id). An upgrade deploys the guards (Lake, SourceDatabase)
+        before the Compute stack replaces that role with the named one and the cluster with it: the
+        running cluster keeps its access meanwhile instead of failing for the 15-20 minutes a new
+        cluster takes. Only CloudFormation's generated name for that one resource matches."""
+        return f"{self.compute_stack_name}-ComputeInstanceRole*"
 
     @property
     def bootstrap_upload(self) -> str:
         """CDK's upload of bootstrap/ (the scripts every new node runs as root)."""
-        return f"{self.name_prefix}-bootstrap-upload"
+        return self._name("bootstrap-upload")
 
     @property
     def jobs_upload(self) -> str:
         """CDK's upload of the jobs' artifact set to emr/<version>/."""
-        return f"{self.name_prefix}-jobs-upload"
+        return self._name("jobs-upload")
 
     @property
     def tls_certificates(self) -> str:
         """The function that generates (dev) or checks (prod) the EMR TLS certificate zip."""
-        return f"{self.name_prefix}-emr-tls"
+        return self._name("emr-tls")
+
+    @property
+    def cluster_readers(self) -> list[str]:
+        """ARN patterns of the nodes' role, named and as deployed before (see above)."""
+        return [role_arn(self.emr_instance), role_arn(self.legacy_emr_instance_pattern)]
 
 
 def deny_all_but(

@@ -76,7 +76,7 @@ class LakeStack(_LakehouseStack):
             name_prefix=config.name_prefix,
             settings=config.storage,
             removal_policy=removal_policy(config.removal_policy),
-            roles=NamedRoles(config.name_prefix),
+            roles=NamedRoles.of(config),
             access=config.access,
         )
         CfnOutput(self, "WarehouseUri", value=self.lake.warehouse_uri)
@@ -111,7 +111,7 @@ class SourceDatabaseStack(_LakehouseStack):
             instance_identifier=config.resource_name("source-mysql"),
             settings=config.source_database,
             removal_policy=removal_policy(config.database_removal_policy),
-            cdc_reader_role_name=NamedRoles(config.name_prefix).emr_instance,
+            cdc_readers=NamedRoles.of(config).cluster_readers,
         )
         CfnOutput(self, "MySqlHost", value=self.source_database.host)
         CfnOutput(self, "CdcSecretArn", value=self.source_database.cdc_secret.secret_arn)
@@ -141,7 +141,7 @@ class ComputeStack(_LakehouseStack):
             artifacts_bucket_name=lake.artifacts_bucket_name,
             bootstrap_dir=BOOTSTRAP_DIR,
             catalog_region=Aws.REGION,
-            roles=NamedRoles(config.name_prefix),
+            roles=NamedRoles.of(config),
             run_cluster=not config.parked,
         )
         role = self.compute.instance_role
@@ -264,7 +264,7 @@ class JobsStack(_LakehouseStack):
             settings=config.jobs,
             removal_policy=removal_policy(config.removal_policy),
             metrics_namespace=config.metrics_namespace,
-            upload_role_name=NamedRoles(config.name_prefix).jobs_upload,
+            upload_role_name=NamedRoles.of(config).jobs_upload,
         )
         CfnOutput(self, "JobsVersion", value=package_dir.name)
         if self.jobs.supervisor is None:

@@ -266,4 +266,4 @@ def test_a_query_the_lake_refuses_says_how_to_become_a_reader() -> None:
     with pytest.raises(OperateError) as raised:
         athena_query(Session(), DeploymentConfig.for_env("prod"), "SELECT 1", poll=lambda _: None)
     assert "Access denied when writing output" in str(raised.value)
-    assert "-c lake_readers=<your role arn>" in str(raised.value)
+    assert "context value lake_readers: add your role's ARN there" in str(raised.value)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from aws_cdk import Aws, Duration, RemovalPolicy
+from aws_cdk import Aws, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_athena as athena
 from aws_cdk import aws_glue as glue
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from infra.access import NamedRoles, deny_all_but, role_arn
+from infra.access import CFN_EXECUTION_ROLE_NAME_PATTERN, NamedRoles, deny_all_but, role_arn
 from infra.checkov import skip_check
 from infra.config import AccessSettings, StorageSettings
 from infra.emr_steps import ARTIFACTS_PREFIX, BOOTSTRAP_PREFIX
@@ -249,7 +249,7 @@ class LakeStorage(Construct):
         Deletes are not guarded: dev's teardown empties the buckets with CDK's own role, and a
         deleted object fails loudly (a missing table file, a cluster that will not start) where a
         read leaks and a write plants code. prod keeps noncurrent versions of both buckets."""
-        instance = role_arn(roles.emr_instance)
+        instance = roles.cluster_readers
         warehouse = bucket_arn(self.warehouse_bucket_name)
         tables = [f"{warehouse}/{WAREHOUSE_PREFIX}/*", f"{warehouse}/{CHECKPOINTS_PREFIX}/*"]
         self.warehouse_bucket.add_to_resource_policy(
@@ -257,11 +257,11 @@ class LakeStorage(Construct):
                 "OnlyTheLakeReadersReadTables",
                 OBJECT_READ_ACTIONS,
                 [*tables, f"{warehouse}/{ATHENA_RESULTS_PREFIX}/*"],
-                [instance, *access.lake_readers],
+                [*instance, *access.lake_readers],
             )
         )
         self.warehouse_bucket.add_to_resource_policy(
-            deny_all_but("OnlyTheJobsWriteTables", ["s3:PutObject"], tables, [instance])
+            deny_all_but("OnlyTheJobsWriteTables", ["s3:PutObject"], tables, instance)
         )
         artifacts = bucket_arn(self.artifacts_bucket_name)
         security = f"{artifacts}/{SECURITY_PREFIX}/*"
@@ -278,7 +278,7 @@ class LakeStorage(Construct):
                 "OnlyTheClusterReadsTlsMaterial",
                 OBJECT_READ_ACTIONS,
                 [security],
-                [instance, tls, *access.security_admins],
+                [*instance, tls, *access.security_admins],
             )
         )
         self.artifacts_bucket.add_to_resource_policy(
@@ -286,6 +286,24 @@ class LakeStorage(Construct):
                 "OnlyTlsAdminsWriteTlsMaterial", ["s3:PutObject"], [security], [tls, *access.security_admins]
             )
         )
+        # Without this, a role allowed s3:* (PowerUserAccess) could delete the guards first.
+        # CloudFormation changes them on deploy; dev's teardown denies writes before emptying.
+        policy_changers = [role_arn(CFN_EXECUTION_ROLE_NAME_PATTERN)]
+        auto_delete = Stack.of(self).node.try_find_child("Custom::S3AutoDeleteObjectsCustomResourceProvider")
+        if auto_delete is not None:
+            policy_changers.append(auto_delete.role_arn)
+        for bucket, name in (
+            (self.warehouse_bucket, self.warehouse_bucket_name),
+            (self.artifacts_bucket, self.artifacts_bucket_name),
+        ):
+            bucket.add_to_resource_policy(
+                deny_all_but(
+                    "OnlyTheDeployChangesTheGuards",
+                    ["s3:PutBucketPolicy", "s3:DeleteBucketPolicy"],
+                    [bucket_arn(name)],
+                    policy_changers,
+                )
+            )
 
     # ---- grants -------------------------------------------------------------------------------
 

@@ -86,7 +86,7 @@ class SourceDatabase(Construct):
         instance_identifier: str,
         settings: SourceDatabaseSettings,
         removal_policy: RemovalPolicy,
-        cdc_reader_role_name: str,
+        cdc_readers: list[str],
     ) -> None:
         super().__init__(scope, construct_id)
         self.database_name = SOURCE_DATABASE
@@ -219,15 +219,25 @@ class SourceDatabase(Construct):
 
         self._acknowledge_environment_choices(settings)
         seeder = self._seed(vpc=vpc, subnets=subnets)
-        self._guard_secrets(admin_secret, seeder.role, cdc_reader_role_name)
+        self._guard_secrets(admin_secret, seeder.role, cdc_readers)
 
     def _guard_secrets(
-        self, admin_secret: secretsmanager.Secret, seeder_role: iam.IRole, cdc_reader_role_name: str
+        self, admin_secret: secretsmanager.Secret, seeder_role: iam.IRole, cdc_readers: list[str]
     ) -> None:
         """Resource policies (infra/access.py): the key's policy leaves decryption to IAM for the
         whole account, so without these any role allowed secretsmanager:GetSecretValue and
         kms:Decrypt on "*" (PowerUserAccess) could read the passwords."""
         deployer = role_arn(CFN_EXECUTION_ROLE_NAME_PATTERN)
+        for secret in (admin_secret, self.cdc_secret):
+            # Without this, a role allowed secretsmanager:* (PowerUserAccess) could remove the guard.
+            secret.add_to_resource_policy(
+                deny_all_but(
+                    "OnlyTheDeployChangesTheGuard",
+                    ["secretsmanager:PutResourcePolicy", "secretsmanager:DeleteResourcePolicy"],
+                    ["*"],
+                    [deployer],
+                )
+            )
         admin_secret.add_to_resource_policy(
             deny_all_but(
                 "OnlyTheSeedingAndTheDeployReadTheAdminPassword",
@@ -241,7 +251,7 @@ class SourceDatabase(Construct):
                 "OnlyTheSeedingAndTheClusterReadTheCdcPassword",
                 ["secretsmanager:GetSecretValue"],
                 ["*"],
-                [seeder_role.role_arn, role_arn(cdc_reader_role_name)],
+                [seeder_role.role_arn, *cdc_readers],
             )
         )
 

@@ -266,8 +266,9 @@ def athena_query(session, config: DeploymentConfig, query: str, *, timeout: floa
             if "access denied" in reason.lower() or "accessdenied" in reason.lower():
                 # The warehouse bucket lets only named roles read the tables (docs/security.md).
                 reason += (
-                    f"; the lake lets in only the pipeline and the roles deployed in -c lake_readers: "
-                    f"`cdk deploy -c env={config.env_name} -c lake_readers=<your role arn> --all`"
+                    "; the lake lets in only the pipeline and the roles deployed in the context value "
+                    "lake_readers: add your role's ARN there (cdk.json) and deploy "
+                    f"(`cdk deploy -c env={config.env_name} --all`)"
                 )
             raise OperateError(f"query {state['State']}: {reason}")
         if waited >= timeout:

@@ -51,8 +51,11 @@ class Lake:
         for placeholder, replacement in PSEUDO.items():
             text = text.replace(placeholder, replacement)
 
-        def role(match: re.Match) -> str:
+        def role(match: re.Match) -> str:  # a role's or a bucket's ARN
             key = (match.group(1), match.group(2))
+            resource = self.env.templates[key[0]]["Resources"].get(key[1], {})
+            if resource.get("Type") == "AWS::S3::Bucket":
+                return f"arn:aws:s3:::{self.concrete(key[0], resource['Properties']['BucketName'])}"
             return self.role_arns.get(key, match.group(0))
 
         def attached_secret(match: re.Match) -> str:
@@ -82,7 +85,9 @@ class Lake:
         for concern in self.env.templates:
             for policy in self.env.resources(concern, "AWS::S3::BucketPolicy").values():
                 bucket = self.concrete(concern, policy["Properties"]["Bucket"])
-                if resource_arn.startswith(f"arn:aws:s3:::{bucket}/"):
+                if resource_arn == f"arn:aws:s3:::{bucket}" or resource_arn.startswith(
+                    f"arn:aws:s3:::{bucket}/"
+                ):
                     found += [(concern, s) for s in policy["Properties"]["PolicyDocument"]["Statement"]]
             for policy in self.env.resources(concern, "AWS::SecretsManager::ResourcePolicy").values():
                 if self.concrete(concern, policy["Properties"]["SecretId"]) == resource_arn:
@@ -95,8 +100,11 @@ class Lake:
         for concern, statement in self.resource_statements(resource_arn):
             if statement["Effect"] != "Deny" or not self._applies(concern, statement, action, resource_arn):
                 continue
+            assert statement["Principal"] in ({"AWS": "*"}, "*"), f"a deny for some only: {statement}"
             conditions = statement.get("Condition", {})
             assert set(conditions) <= {"ArnNotLike", "Bool"}, f"unclassified condition: {conditions}"
+            if conditions.get("Bool") == {"aws:SecureTransport": "false"}:
+                continue  # the TLS-only statement: the requests evaluated here use TLS
             if "Bool" in conditions:
                 assert conditions["Bool"] == {"aws:PrincipalIsAWSService": "false"}, conditions
             excepted = conditions.get("ArnNotLike", {}).get("aws:PrincipalArn")
@@ -106,12 +114,21 @@ class Lake:
                 return True
         return False
 
-    def identity_allows(self, role_key: tuple[str, str], action: str, resource_arn: str) -> bool:
+    def allowed(self, role_key: tuple[str, str], action: str, resource_arn: str) -> bool:
+        """By the role's identity policies, or by a resource policy naming it (same account)."""
         for concern, role, statement in self.env.identity_statements():
             if (role.concern, role.logical_id) != role_key or statement["Effect"] != "Allow":
                 continue
             if "Action" in statement and self._applies(concern, statement, action, resource_arn):
                 return True
+        for concern, statement in self.resource_statements(resource_arn):
+            principal = statement.get("Principal", {})
+            names_role = isinstance(principal, dict) and self.role_arns[role_key] in {
+                self.concrete(concern, p) for p in as_list(principal.get("AWS", []))
+            }
+            if statement["Effect"] == "Allow" and names_role:
+                if self._applies(concern, statement, action, resource_arn):
+                    return True
         return False
 
     def _applies(self, concern: str, statement: dict, action: str, resource_arn: str) -> bool:
@@ -124,7 +141,7 @@ class Lake:
         """Names (role names; generated ones as `generated-<logical id>`) of those who can."""
         who = {p for p in outsiders if not self.denied(p, action, resource_arn)}
         for key, arn in self.role_arns.items():
-            if self.identity_allows(key, action, resource_arn) and not self.denied(arn, action, resource_arn):
+            if self.allowed(key, action, resource_arn) and not self.denied(arn, action, resource_arn):
                 who.add(arn)
         return {arn.rpartition(":role/")[2] for arn in who}
 
@@ -135,6 +152,11 @@ class Lake:
             if k.startswith(logical_prefix)
         ]
         return self.concrete("SourceDatabase", {"Ref": logical_id})
+
+
+def named(lake: Lake, role: str) -> str:
+    """A role's fixed name (infra/access.py), in the test's region."""
+    return f"{lake.env.config.name_prefix}-{role}-{REGION}"
 
 
 def generated(names: set[str]) -> set[str]:
@@ -148,47 +170,43 @@ def lake(request) -> Lake:
 
 
 def test_only_the_cluster_reads_and_writes_the_tables(lake) -> None:
-    prefix = lake.env.config.name_prefix
     table_file = lake.object_arn("LakeWarehouseBucket", "warehouse/dim_db.db/products/data/00000-0.parquet")
     checkpoint = lake.object_arn("LakeWarehouseBucket", "checkpoints/clickstream/offsets/7")
     athena_result = lake.object_arn("LakeWarehouseBucket", "athena-results/q.csv")
     for key in (table_file, checkpoint):
-        assert lake.who_can("s3:GetObject", key) == {f"{prefix}-emr-instance"}, key
-        assert lake.who_can("s3:GetObjectVersion", key) == {f"{prefix}-emr-instance"}, key
-        assert lake.who_can("s3:PutObject", key) == {f"{prefix}-emr-instance"}, key
+        assert lake.who_can("s3:GetObject", key) == {named(lake, "emr-instance")}, key
+        assert lake.who_can("s3:GetObjectVersion", key) == {named(lake, "emr-instance")}, key
+        assert lake.who_can("s3:PutObject", key) == {named(lake, "emr-instance")}, key
     # Athena's results are copies of table rows: nobody reads them until readers are named.
     assert lake.who_can("s3:GetObject", athena_result) == set()
 
 
 def test_only_the_cluster_and_its_tls_function_touch_the_tls_key(lake) -> None:
-    prefix = lake.env.config.name_prefix
     tls_zip = lake.object_arn("LakeArtifactsBucket", "security/emr-tls-certificates.zip")
-    assert lake.who_can("s3:GetObject", tls_zip) == {f"{prefix}-emr-instance", f"{prefix}-emr-tls"}
+    assert lake.who_can("s3:GetObject", tls_zip) == {named(lake, "emr-instance"), named(lake, "emr-tls")}
     # Neither CDK upload role (their grants cover the whole bucket) nor CDK's publishing role.
-    assert lake.who_can("s3:PutObject", tls_zip) == {f"{prefix}-emr-tls"}
+    assert lake.who_can("s3:PutObject", tls_zip) == {named(lake, "emr-tls")}
 
 
 def test_only_the_uploads_write_the_code_the_cluster_runs(lake) -> None:
-    prefix = lake.env.config.name_prefix
     bootstrap = lake.object_arn("LakeArtifactsBucket", "bootstrap/configure-iceberg.sh")
     job_code = lake.object_arn("LakeArtifactsBucket", "emr/0123abcd/emr_step.py")
     steps = lake.object_arn("LakeArtifactsBucket", "emr/0123abcd/streaming-steps.json")
-    assert lake.who_can("s3:PutObject", bootstrap) == {f"{prefix}-bootstrap-upload"}
-    assert lake.who_can("s3:PutObject", job_code) == {f"{prefix}-jobs-upload"}
-    assert lake.who_can("s3:PutObject", steps) == {f"{prefix}-jobs-upload"}
+    assert lake.who_can("s3:PutObject", bootstrap) == {named(lake, "bootstrap-upload")}
+    assert lake.who_can("s3:PutObject", job_code) == {named(lake, "jobs-upload")}
+    assert lake.who_can("s3:PutObject", steps) == {named(lake, "jobs-upload")}
     # Reading the code stays open to the cluster (and to the account): it holds no secret.
-    assert f"{prefix}-emr-instance" in lake.who_can("s3:GetObject", job_code)
+    assert named(lake, "emr-instance") in lake.who_can("s3:GetObject", job_code)
 
 
 def test_only_the_seeding_the_deploy_and_the_cdc_reader_read_the_passwords(lake) -> None:
-    prefix = lake.env.config.name_prefix
     admin = lake.who_can("secretsmanager:GetSecretValue", lake.secret_arn("SourceDatabaseAdminSecret"))
     cdc = lake.who_can("secretsmanager:GetSecretValue", lake.secret_arn("SourceDatabaseCdcSecret"))
     assert generated(admin) == {
         "generated-SourceDatabaseSeedFunctionServiceRole",
         DEPLOYER.rpartition("/")[2],
     }
-    assert generated(cdc) == {"generated-SourceDatabaseSeedFunctionServiceRole", f"{prefix}-emr-instance"}
+    assert generated(cdc) == {"generated-SourceDatabaseSeedFunctionServiceRole", named(lake, "emr-instance")}
 
 
 def test_named_lake_readers_and_security_admins_are_let_in(tmp_path) -> None:
@@ -205,3 +223,35 @@ def test_named_lake_readers_and_security_admins_are_let_in(tmp_path) -> None:
     assert "analysts" not in lake.who_can("s3:GetObject", tls_zip, outsiders)
     assert {"tls-operator"} <= lake.who_can("s3:PutObject", tls_zip, outsiders)
     assert "tls-operator" not in lake.who_can("s3:GetObject", table_file, outsiders)
+
+
+def test_nobody_but_the_deploy_changes_the_guards(lake) -> None:
+    """A role allowed s3:* or secretsmanager:* (PowerUserAccess) cannot delete a guard first."""
+    deployer = DEPLOYER.rpartition("/")[2]
+    for bucket in ("LakeWarehouseBucket", "LakeArtifactsBucket"):
+        arn = f"arn:aws:s3:::{lake.bucket_name(bucket)}"
+        for action in ("s3:PutBucketPolicy", "s3:DeleteBucketPolicy"):
+            who = generated(lake.who_can(action, arn))
+            # dev's teardown (CDK's auto-delete) puts a deny-writes policy on a bucket before emptying it.
+            expected = {deployer} | (
+                {"generated-CustomS3AutoDeleteObjectsCustomResourceProviderRole"}
+                if lake.env.config.env_name == "dev" and action == "s3:PutBucketPolicy"
+                else set()
+            )
+            assert who == expected, (bucket, action)
+    for secret in ("SourceDatabaseAdminSecret", "SourceDatabaseCdcSecret"):
+        for action in ("secretsmanager:PutResourcePolicy", "secretsmanager:DeleteResourcePolicy"):
+            assert lake.who_can(action, lake.secret_arn(secret)) == {deployer}, (secret, action)
+
+
+def test_the_cluster_keeps_its_access_while_an_older_deployment_is_upgraded(lake) -> None:
+    """Before its fixed name the nodes' role had CloudFormation's generated one; the guards deploy
+    before the Compute stack renames it, so that one name (and no other role of Compute) still reads."""
+    compute = lake.env.config.stack_name("Compute")
+    before = outsider(f"{compute}-ComputeInstanceRoleC860B428-Ab12Cd34Ef56")
+    other = outsider(f"{compute}-ComputeSecurityGroupCleanupFunctionServiceRole-Ab12Cd34Ef56")
+    table_file = lake.object_arn("LakeWarehouseBucket", "warehouse/dim_db.db/products/data/0.parquet")
+    cdc = lake.secret_arn("SourceDatabaseCdcSecret")
+    for action, resource in (("s3:GetObject", table_file), ("secretsmanager:GetSecretValue", cdc)):
+        who = lake.who_can(action, resource, {before, other})
+        assert before.rpartition("/")[2] in who and other.rpartition("/")[2] not in who, (action, who)

@@ -112,7 +112,7 @@ def apply(event: dict, s3, now: datetime) -> dict:
             f"EMR in-transit encryption needs the TLS certificate zip at {uri} (privateKey.pem, "
             "certificateChain.pem, trustedCertificates.pem for the cluster's internal host names) "
             "and it is missing: upload your organisation's certificate there, as a role named in "
-            "`-c security_admins` (the bucket denies other uploaders; infra/README.md, "
+            "the context value `security_admins` (the bucket denies other uploaders; infra/README.md, "
             "'Deploy (prod)'), and deploy again. Nothing else was created."
         )
     s3.put_object(
