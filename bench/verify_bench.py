@@ -112,7 +112,6 @@ def _measure(stack, clicks: int, rows: int) -> list[dict]:
             "kafka -> clicks after one click deleted and one written twice",
             f"{damaged_seconds:.1f}s; found {found}",
             "both found",
-            found
-            == {"missing offsets": ("partition 1: 1000",), "duplicate offsets": ("partition 2: 7",)},
+            found == {"missing offsets": ("partition 1: 1000",), "duplicate offsets": ("partition 2: 7",)},
         ),
     ]

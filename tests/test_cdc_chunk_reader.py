@@ -102,3 +102,93 @@ def test_a_table_dropped_while_read_is_the_drivers_missing_table(source, tmp_pat
     finally:
         reader.close()
     assert reader.process.returncode == 1
+
+
+def drain(reader: ChunkReader) -> tuple[list[tuple], list[tuple]]:
+    """All rows the reader hands over, and (rows, chunks, after, done) per piece."""
+    got, pieces = [], []
+    try:
+        for piece in reader:
+            got += piece_rows(piece.path) if piece.rows else []
+            Path(piece.path).unlink(missing_ok=True)
+            pieces.append((piece.rows, piece.chunks, piece.after, piece.done))
+    finally:
+        reader.close()
+    return got, pieces
+
+
+def test_a_resume_from_a_composite_key_of_bytes_decimal_and_date_goes_on_after_it(source, tmp_path) -> None:
+    """A resumed snapshot hands the stored last key to the reader process as JSON: bytes, a decimal
+    and a date must come back as what MySQL compares the key with, or rows are skipped or read twice."""
+    import datetime as dt
+
+    conn, settings, _ = source
+    with conn.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS chunk_reader_keys")
+        cur.execute(
+            "CREATE TABLE chunk_reader_keys (code VARBINARY(4), amount DECIMAL(8,3), day DATE, v INT, "
+            "PRIMARY KEY (code, amount, day))"
+        )
+        rows = [
+            (
+                bytes([c, 0xFF]),
+                Decimal(a) / 8,
+                dt.date(2026, 1, 1) + dt.timedelta(days=d),
+                c * 100 + a * 10 + d,
+            )
+            for c in (1, 2, 3)
+            for a in range(4)
+            for d in range(3)
+        ]
+        cur.executemany("INSERT INTO chunk_reader_keys VALUES (%s, %s, %s, %s)", rows)
+    conn.commit()
+    cdc = source_db.connect_with(settings)
+    table = source_db.describe_table(cdc, "user_db", "chunk_reader_keys")
+    cdc.close()
+    ordered = sorted(rows)
+    start = ordered[13][:3]  # the last key of an interrupted snapshot's last commit
+    try:
+        got, pieces = drain(
+            ChunkReader(settings, table, start, chunk_rows=5, piece_rows=10, directory=str(tmp_path))
+        )
+    finally:
+        with conn.cursor() as cur:
+            cur.execute("DROP TABLE chunk_reader_keys")
+    assert Counter(got) == Counter(ordered[14:])  # exactly the rows after it, each once
+    # The first piece (one chunk) ends at the 5th row after it; decimals and dates come back as the
+    # text MySQL compares them with.
+    code, amount, day = pieces[0][2]
+    assert (code, Decimal(amount), dt.date.fromisoformat(day)) == ordered[18][:3]
+    assert pieces[-1][3] is True and sum(p[0] for p in pieces) == len(ordered) - 14
+
+
+@pytest.mark.parametrize("rows", [0, 1_000])
+def test_an_empty_table_and_one_of_whole_chunks_end_with_an_empty_last_piece(source, tmp_path, rows) -> None:
+    conn, settings, table = source
+    with conn.cursor() as cur:
+        cur.execute("DELETE FROM chunk_reader_test WHERE id > %s", (rows,))
+    conn.commit()
+    got, pieces = drain(
+        ChunkReader(settings, table, None, chunk_rows=100, piece_rows=300, directory=str(tmp_path))
+    )
+    assert len(got) == rows
+    # The last read finds no row: an empty last piece that only says "done", after the last key.
+    assert pieces[-1] == (0, 1, (rows,) if rows else None, True)
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_childs_errors_become_what_the_sync_handles() -> None:
+    """Refused credentials stop (ConfigError), an unreachable server is retried (OperationalError),
+    a dropped table stops only that table (MissingTable), anything else fails the snapshot."""
+    import pymysql
+
+    from jobs.cdc.chunk_reader import ReaderFailed, _error
+    from jobs.config import ConfigError
+
+    refused = _error({"error": "OperationalError", "message": "Access denied for user 'cdc'", "code": 1045})
+    assert isinstance(refused, ConfigError) and "Access denied" in str(refused)
+    gone = _error({"error": "OperationalError", "message": "Lost connection", "code": 2013})
+    assert type(gone) is pymysql.err.OperationalError and gone.args == (2013, "Lost connection")
+    assert type(_error({"error": "MissingTable", "message": "t was dropped"})) is source_db.MissingTable
+    other = _error({"error": "MemoryError", "message": "MemoryError()"})
+    assert isinstance(other, ReaderFailed) and "MemoryError" in str(other)

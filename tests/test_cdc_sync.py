@@ -908,6 +908,7 @@ def test_verify_explains_changes_in_flight_and_finds_what_they_do_not(
         assert any("in flight" in note for note in clean.notes), clean.notes
         spark.sql(f"UPDATE lakehouse.dim_db.{name} SET name = 'tampered' WHERE id = 'k00550'")
         damaged = verify()
+        assert damaged.error is None, damaged.error  # a second run in the same process reads too
         assert [(f.kind, f.examples) for f in damaged.findings] == [("rows that differ", ("key k00550",))]
         catch_up(sync)
         settled = verify()

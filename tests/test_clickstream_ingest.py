@@ -151,7 +151,7 @@ def test_exactly_once_when_the_job_is_killed_mid_stream(lake_config, catalog):
     producer.start()
     small_batches = ("--max-records-per-partition", "400", "--trigger-seconds", "0.2")
     commits = 0
-    for kill_after in (14, 12, 13):
+    for kill_after in (14, 12):  # twice: a restart after a restart resumes too
         job = case.start_job(*small_batches)
         seen: list[str] = []
         wait_for_line(job, "committed=fact", 120, seen)  # a batch of this run reached the lake

@@ -95,8 +95,12 @@ def test_the_local_file_keeps_the_latest_batch_per_table(tmp_path) -> None:
     sink.record(INGEST)
     sink.record(BatchMetrics("cdc", "dim_db.products", 3, 0.4, 0.3, lag_seconds=1.5, at=1_700_000_010.0))
     sink.record(BatchMetrics("cdc", "dim_db.products", 7, 0.5, 0.2, lag_seconds=0.5, at=1_700_000_020.0))
+    # A (re-)snapshot's commits of the same table do not hide the CDC job's lag.
+    sink.record(BatchMetrics("cdc-snapshot", "dim_db.products", 200_000, 2.0, 1.2, at=1_700_000_030.0))
     latest = read_local_metrics(tmp_path / "metrics.json")
-    assert set(latest) == {"ods_behavior.clickevent", "dim_db.products"}
+    assert set(latest) == {"ods_behavior.clickevent", "dim_db.products", "dim_db.products (snapshot)"}
+    assert latest["dim_db.products"]["lag_seconds"] == 0.5
+    assert latest["dim_db.products (snapshot)"]["records_in"] == 200_000
     assert latest["dim_db.products"]["records_in"] == 7 and latest["dim_db.products"]["at"] == 1_700_000_020.0
     assert latest["ods_behavior.clickevent"]["offset_lag"] == {"0": 10, "1": 0, "2": 4}
 

@@ -32,6 +32,7 @@ from jobs.cdc.apply_changes import arrow_column, write_arrow_file
 from jobs.cdc.schema_mapping import SourceColumn
 from jobs.cdc.source_db import SourceTable
 from jobs.common.fault_injection import pause_point
+from jobs.config import ConfigError
 
 READ_AHEAD = 2  # pieces written and not yet taken by the driver
 
@@ -129,16 +130,24 @@ class ChunkReader:
             "piece_rows": piece_rows,
             "directory": str(self.directory),
         }
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "jobs.cdc.chunk_reader"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=os.getcwd(),
-        )
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "jobs.cdc.chunk_reader"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=os.getcwd(),
+            )
+        except OSError:
+            self.directory.rmdir()
+            raise
         assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps(request))  # the password goes through a pipe, not argv
-        self.process.stdin.close()
+        try:
+            self.process.stdin.write(json.dumps(request))  # the password goes through a pipe, not argv
+            self.process.stdin.close()
+        except OSError:
+            self.close()
+            raise
 
     def __iter__(self) -> Iterator[Piece]:
         assert self.process.stdout is not None
@@ -170,8 +179,11 @@ def _error(message: dict) -> Exception:
     kind, text = message["error"], message["message"]
     if kind == "MissingTable":
         return source_db.MissingTable(text)
-    if kind == "OperationalError":  # the source unreachable: retried like any connection error
-        return pymysql.err.OperationalError(message.get("code", 2013), text)
+    if kind == "OperationalError":
+        code = message.get("code", 2013)
+        if code in source_db.REFUSALS:  # the credentials refused: waiting will not help
+            return ConfigError(f"the snapshot's reader was refused by MySQL: {text}")
+        return pymysql.err.OperationalError(code, text)  # unreachable: retried like any connection
     return ReaderFailed(f"the snapshot's reader process failed: {kind}: {text}")
 
 

@@ -200,6 +200,9 @@ def snapshot_table(
     progress = _copy_chunks(
         spark, conn, source, staging, progress, chunk_rows, commit_rows, reader_connection, metrics, target
     )
+    # The reader process read with a connection of its own: this one sat idle for the whole copy,
+    # maybe past the server's wait_timeout.
+    conn.ping(reconnect=True)
     _publish(spark, source, staging, target, progress)
     log.info(
         "snapshot %s -> %s: %s rows in %d chunks at %s (%.1f s)",

@@ -120,7 +120,8 @@ def connect(config: LakehouseConfig, creds: Credentials) -> pymysql.Connection:
 
 def connect_with(settings: dict) -> pymysql.Connection:
     """A connection from `connection_settings` (also in the snapshot's reader process)."""
-    conn = pymysql.connect(**settings, autocommit=True, charset="utf8mb4")
+    # The settings may carry keys of their own for these (the binlog library adds its charset).
+    conn = pymysql.connect(**{**settings, "autocommit": True, "charset": "utf8mb4"})
     with conn.cursor() as cur:
         cur.execute("SET time_zone = '+00:00'")  # TIMESTAMPs as UTC wall time, like the binlog
     return conn

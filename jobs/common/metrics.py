@@ -184,7 +184,9 @@ class LocalFileSink:
         try:
             with self._lock:
                 latest = read_local_metrics(self.path)
-                latest[batch.table] = {
+                # A snapshot's commits beside the table's own job, not over its figures.
+                key = batch.table if batch.job != "cdc-snapshot" else f"{batch.table} (snapshot)"
+                latest[key] = {
                     **asdict(batch),
                     "offset_lag": {str(p): n for p, n in batch.offset_lag.items()},
                 }

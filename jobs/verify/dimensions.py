@@ -18,6 +18,7 @@ is the conversion the snapshot already does and tests (`tests/test_cdc_sync.py`,
 from __future__ import annotations
 
 import datetime
+import os
 import queue
 import time
 from collections import Counter
@@ -27,8 +28,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from jobs.cdc import source_db
+from jobs.cdc.apply_changes import arrow_file_frame
 from jobs.cdc.binlog_reader import BinlogPosition, BinlogReader, DdlEvent
-from jobs.cdc.snapshot import rows_frame
+from jobs.cdc.chunk_reader import ChunkReader, read_pieces
+from jobs.cdc.snapshot import frame_schema, rows_frame
 from jobs.cdc.source_db import SourceTable
 from jobs.cdc.target_table import POSITION_KEY
 from jobs.common.snapshot_progress import main_snapshot, progress_as_of
@@ -43,18 +46,29 @@ class CannotCompare(RuntimeError):
     """The check cannot reach a verdict (source gone, binlog purged, schema changing)."""
 
 
-def source_frame(spark, conn, source: SourceTable, chunk_rows: int = CHUNK_ROWS) -> DataFrame:
-    """Every source row, read in key order a chunk at a time (no lock, no long read view)."""
-    frames, pending, after = [], [], None
-    while True:
-        rows, last = source_db.read_chunk(conn, source, after, chunk_rows)
-        pending += rows
-        if len(pending) >= FRAME_ROWS or (len(rows) < chunk_rows and pending):
-            frames.append(rows_frame(spark, source, pending))
-            pending = []
-        if len(rows) < chunk_rows:
-            break
-        after = last
+def source_frame(
+    spark, conn, source: SourceTable, chunk_rows: int = CHUNK_ROWS, connection_settings: dict | None = None
+) -> DataFrame:
+    """Every source row, read in key order a chunk at a time (no lock, no long read view): by the
+    snapshot's reader process when `connection_settings` are given (faster), else by `conn`. Every
+    row is in the JVM when this returns: a position read afterwards is past all the reads."""
+    frames = []
+    if connection_settings is None:
+        for rows, _, _, _ in read_pieces(conn, source, None, chunk_rows, FRAME_ROWS):
+            if rows:
+                frames.append(rows_frame(spark, source, rows))
+    else:
+        schema = frame_schema(source)
+        reader = ChunkReader(
+            connection_settings, source, None, chunk_rows, FRAME_ROWS, spark.sparkContext._temp_dir
+        )
+        try:
+            for piece in reader:
+                if piece.rows:
+                    frames.append(arrow_file_frame(spark, piece.path, schema))
+                os.unlink(piece.path)
+        finally:
+            reader.close()
     if not frames:
         return rows_frame(spark, source, [])
     frame = frames[0]
@@ -178,7 +192,7 @@ def check_dimension(
             ) from None
         except source_db.NoPrimaryKey:
             raise CannotCompare(f"the source table {qualified} has no primary key any more") from None
-        src = source_frame(spark, conn, source).cache()
+        src = source_frame(spark, conn, source, connection_settings=connection_settings).cache()
         end = BinlogPosition(*source_db.master_position(conn))
         lake = spark.sql(f"SELECT * FROM {target} VERSION AS OF {snapshot}")
         left, right = _compared(source, src, lake, result)
