@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import Fn, RemovalPolicy, Tags
+from aws_cdk import Aws, Fn, RemovalPolicy, Tags
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
@@ -104,21 +104,55 @@ class Network(Construct):
         # Interface endpoints for the chatty control-plane calls of EMR nodes, the Glue catalog and
         # the secrets the CDC job and the seeding Lambda read; they keep that traffic off the NAT.
         # Parked, nothing in the VPC makes those calls, and each endpoint costs per AZ and hour.
-        for endpoint_id, service in (
+        for endpoint_id, service, resources_here in (
             ()
             if parked
             else (
-                ("EmrEndpoint", ec2.InterfaceVpcEndpointAwsService.EMR),
-                ("SecretsManagerEndpoint", ec2.InterfaceVpcEndpointAwsService.SECRETS_MANAGER),
-                ("GlueEndpoint", ec2.InterfaceVpcEndpointAwsService.GLUE),
+                # EMR's node agents call the service's own APIs, whose resources need not be ours.
+                ("EmrEndpoint", ec2.InterfaceVpcEndpointAwsService.EMR, False),
+                ("SecretsManagerEndpoint", ec2.InterfaceVpcEndpointAwsService.SECRETS_MANAGER, True),
+                ("GlueEndpoint", ec2.InterfaceVpcEndpointAwsService.GLUE, True),
             )
         ):
-            endpoint = self.vpc.add_interface_endpoint(
-                endpoint_id, service=service, subnets=self.private_subnets, private_dns_enabled=True
+            # An endpoint's network interface only answers (security groups are stateful): no egress.
+            group = ec2.SecurityGroup(
+                self,
+                f"{endpoint_id}SecurityGroup",
+                vpc=self.vpc,
+                description=f"{endpoint_id}: HTTPS from the VPC, no egress",
+                allow_all_outbound=False,
+            )
+            group.add_ingress_rule(
+                ec2.Peer.ipv4(self.vpc.vpc_cidr_block), ec2.Port.tcp(443), "HTTPS from the VPC"
             )
             acknowledge(
-                endpoint,
+                group,
                 "AwsSolutions-EC23",
                 "Endpoint security group admits HTTPS (443) from the VPC's own CIDR only; cdk-nag "
                 "cannot resolve the CIDR token and reports it as open.",
+            )
+            endpoint = self.vpc.add_interface_endpoint(
+                endpoint_id,
+                service=service,
+                subnets=self.private_subnets,
+                private_dns_enabled=True,
+                security_groups=[group],
+                open=False,
+            )
+            # A data perimeter: through these endpoints only this account's principals pass (a
+            # credential of another account does not), and for Secrets Manager and Glue only to
+            # this account's secrets and catalog (no copy into another account's). Not on the S3
+            # gateway endpoint: EMR nodes fetch AWS-owned buckets (EMR components, package
+            # repositories) through it.
+            perimeter = {"aws:PrincipalAccount": Aws.ACCOUNT_ID}
+            if resources_here:
+                perimeter["aws:ResourceAccount"] = Aws.ACCOUNT_ID
+            endpoint.add_to_policy(
+                iam.PolicyStatement(
+                    sid="ThisAccountOnly",
+                    principals=[iam.AnyPrincipal()],
+                    actions=["*"],
+                    resources=["*"],
+                    conditions={"StringEquals": perimeter},
+                )
             )

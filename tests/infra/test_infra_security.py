@@ -277,3 +277,38 @@ def test_only_the_vpc_its_subnets_and_the_emr_groups_carry_the_emr_policy_tag(sy
 
 
 EMR_TAG = "for-use-with-amazon-emr-managed-policies"
+
+
+def test_interface_endpoints_pass_only_this_account_and_their_groups_send_nothing(synthesized) -> None:
+    """A data perimeter on the interface endpoints (this account's principals; for Secrets Manager
+    and Glue also this account's resources), and endpoint groups that only answer HTTPS from the VPC."""
+    endpoints = [
+        e for e in resources(synthesized, "Network", "AWS::EC2::VPCEndpoint").values()
+        if e["Properties"].get("VpcEndpointType") == "Interface"
+    ]  # fmt: skip
+    perimeters = {}
+    for endpoint in endpoints:
+        service = synthesized.render("Network", endpoint["Properties"]["ServiceName"]).rpartition(".")[2]
+        (statement,) = endpoint["Properties"]["PolicyDocument"]["Statement"]
+        assert (statement["Effect"], statement["Principal"], statement["Action"]) == (
+            "Allow",
+            {"AWS": "*"},
+            "*",
+        )
+        condition = statement["Condition"]["StringEquals"]
+        assert all(value == {"Ref": "AWS::AccountId"} for value in condition.values()), condition
+        perimeters[service] = sorted(condition)
+        for group_ref in endpoint["Properties"]["SecurityGroupIds"]:
+            group = synthesized.resolve("Network", group_ref).properties
+            # CDK's placeholder for "no egress at all" (a rule that matches no packet).
+            assert group["SecurityGroupEgress"] == [
+                {"CidrIp": "255.255.255.255/32", "Description": "Disallow all traffic", "FromPort": 252,
+                 "IpProtocol": "icmp", "ToPort": 86}
+            ]  # fmt: skip
+            (ingress,) = group["SecurityGroupIngress"]
+            assert (ingress["IpProtocol"], ingress["FromPort"], ingress["ToPort"]) == ("tcp", 443, 443)
+    assert perimeters == {
+        "elasticmapreduce": ["aws:PrincipalAccount"],
+        "secretsmanager": ["aws:PrincipalAccount", "aws:ResourceAccount"],
+        "glue": ["aws:PrincipalAccount", "aws:ResourceAccount"],
+    }
