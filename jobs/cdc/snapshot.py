@@ -29,13 +29,16 @@ the directory of a table it became.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -243,26 +246,10 @@ def _copy_chunks(
     converted by a process of its own (`chunk_reader`) while this one commits; without, in turn."""
     estimate = max(source_db.estimated_rows(conn, source), progress.rows)
     began, rows_at_start = time.monotonic(), progress.rows
-    schema = frame_schema(source)
-    reader = None
-    if reader_connection is not None:
-        reader = ChunkReader(
-            reader_connection, source, progress.after, chunk_rows, commit_rows, spark.sparkContext._temp_dir
-        )
-        pieces = ((arrow_file_frame(spark, p.path, schema), p.path, p) for p in reader)
-    else:
-        read = read_pieces(conn, source, progress.after, chunk_rows, commit_rows)
-        pieces = (
-            (rows_frame(spark, source, rows), None, Piece("", after, len(rows), chunks, done))
-            for rows, after, chunks, done in read
-        )
-    try:
+    pieces = piece_frames(spark, conn, source, progress.after, chunk_rows, commit_rows, reader_connection)
+    with contextlib.closing(pieces):
         waited = time.monotonic()
-        for frame, path, piece in pieces:
-            if path is not None:
-                os.unlink(path)  # in the JVM now; the reader may write the next one
-            if not piece.rows:
-                continue  # the table ended with the previous piece
+        for frame, piece in pieces:
             progress = SnapshotProgress(
                 progress.position, piece.after, progress.rows + piece.rows, progress.chunks + piece.chunks
             )
@@ -285,10 +272,39 @@ def _copy_chunks(
             )  # fmt: skip
             _log_progress(source, progress, estimate, began, rows_at_start, piece.done)
             waited = time.monotonic()
-    finally:
-        if reader is not None:
-            reader.close()
     return progress
+
+
+def piece_frames(
+    spark,
+    conn,
+    source: SourceTable,
+    after: tuple | None,
+    chunk_rows: int,
+    piece_rows: int,
+    reader_connection: dict | None,
+) -> Iterator[tuple[DataFrame, Piece]]:
+    """The table's rows after key `after` (None: all), in key order, as one DataFrame per piece of
+    about `piece_rows` rows, each already in the JVM. With `reader_connection` (connection settings)
+    a process of its own (`chunk_reader`) reads and converts the next pieces while the caller uses
+    this one; without, `conn` reads them in turn. Empty pieces are skipped. Close the iterator
+    (`contextlib.closing`) to stop the reader early."""
+    if reader_connection is None:
+        for rows, last_key, chunks, done in read_pieces(conn, source, after, chunk_rows, piece_rows):
+            if rows:
+                yield rows_frame(spark, source, rows), Piece("", last_key, len(rows), chunks, done)
+        return
+    schema = frame_schema(source)
+    temp_dir = spark.sparkContext._temp_dir
+    reader = ChunkReader(reader_connection, source, after, chunk_rows, piece_rows, temp_dir)
+    try:
+        for piece in reader:
+            frame = arrow_file_frame(spark, piece.path, schema) if piece.rows else None
+            os.unlink(piece.path)  # in the JVM now; the reader may write the next one
+            if frame is not None:
+                yield frame, piece
+    finally:
+        reader.close()
 
 
 def _append(staging: str, frame, progress: SnapshotProgress) -> None:

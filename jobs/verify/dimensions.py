@@ -17,8 +17,8 @@ is the conversion the snapshot already does and tests (`tests/test_cdc_sync.py`,
 
 from __future__ import annotations
 
+import contextlib
 import datetime
-import os
 import queue
 import time
 from collections import Counter
@@ -28,10 +28,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from jobs.cdc import source_db
-from jobs.cdc.apply_changes import arrow_file_frame
 from jobs.cdc.binlog_reader import BinlogPosition, BinlogReader, DdlEvent
-from jobs.cdc.chunk_reader import ChunkReader, read_pieces
-from jobs.cdc.snapshot import frame_schema, rows_frame
+from jobs.cdc.snapshot import piece_frames, rows_frame
 from jobs.cdc.source_db import SourceTable
 from jobs.cdc.target_table import POSITION_KEY
 from jobs.common.snapshot_progress import main_snapshot, progress_as_of
@@ -52,23 +50,9 @@ def source_frame(
     """Every source row, read in key order a chunk at a time (no lock, no long read view): by the
     snapshot's reader process when `connection_settings` are given (faster), else by `conn`. Every
     row is in the JVM when this returns: a position read afterwards is past all the reads."""
-    frames = []
-    if connection_settings is None:
-        for rows, _, _, _ in read_pieces(conn, source, None, chunk_rows, FRAME_ROWS):
-            if rows:
-                frames.append(rows_frame(spark, source, rows))
-    else:
-        schema = frame_schema(source)
-        reader = ChunkReader(
-            connection_settings, source, None, chunk_rows, FRAME_ROWS, spark.sparkContext._temp_dir
-        )
-        try:
-            for piece in reader:
-                if piece.rows:
-                    frames.append(arrow_file_frame(spark, piece.path, schema))
-                os.unlink(piece.path)
-        finally:
-            reader.close()
+    pieces = piece_frames(spark, conn, source, None, chunk_rows, FRAME_ROWS, connection_settings)
+    with contextlib.closing(pieces):
+        frames = [frame for frame, _ in pieces]
     if not frames:
         return rows_frame(spark, source, [])
     frame = frames[0]
