@@ -4,6 +4,8 @@ error the sync handles. No Spark: the pieces are read back with pyarrow."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import time
 from collections import Counter
 from decimal import Decimal
@@ -117,49 +119,80 @@ def drain(reader: ChunkReader) -> tuple[list[tuple], list[tuple]]:
     return got, pieces
 
 
+@contextlib.contextmanager
+def keyed_table(source, name: str, columns: str, rows: list[tuple]):
+    """A `user_db` table `name` (`columns`: its DDL body) holding `rows`, as the CDC user describes
+    it; dropped afterwards."""
+    conn, settings, _ = source
+    with conn.cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS {name}")
+        cur.execute(f"CREATE TABLE {name} ({columns})")
+        cur.executemany(f"INSERT INTO {name} VALUES ({', '.join(['%s'] * len(rows[0]))})", rows)
+    conn.commit()
+    try:
+        cdc = source_db.connect_with(settings)
+        table = source_db.describe_table(cdc, "user_db", name)
+        cdc.close()
+        yield table
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f"DROP TABLE {name}")
+
+
 def test_a_resume_from_a_composite_key_of_bytes_decimal_and_date_goes_on_after_it(source, tmp_path) -> None:
     """A resumed snapshot hands the stored last key to the reader process as JSON: bytes, a decimal
     and a date must come back as what MySQL compares the key with, or rows are skipped or read twice."""
-    import datetime as dt
-
-    conn, settings, _ = source
-    with conn.cursor() as cur:
-        cur.execute("DROP TABLE IF EXISTS chunk_reader_keys")
-        cur.execute(
-            "CREATE TABLE chunk_reader_keys (code VARBINARY(4), amount DECIMAL(8,3), day DATE, v INT, "
-            "PRIMARY KEY (code, amount, day))"
-        )
-        rows = [
-            (
-                bytes([c, 0xFF]),
-                Decimal(a) / 8,
-                dt.date(2026, 1, 1) + dt.timedelta(days=d),
-                c * 100 + a * 10 + d,
-            )
-            for c in (1, 2, 3)
-            for a in range(4)
-            for d in range(3)
-        ]
-        cur.executemany("INSERT INTO chunk_reader_keys VALUES (%s, %s, %s, %s)", rows)
-    conn.commit()
-    cdc = source_db.connect_with(settings)
-    table = source_db.describe_table(cdc, "user_db", "chunk_reader_keys")
-    cdc.close()
+    rows = [
+        (bytes([c, 0xFF]), Decimal(a) / 8, dt.date(2026, 1, 1) + dt.timedelta(days=d), c * 100 + a * 10 + d)
+        for c in (1, 2, 3)
+        for a in range(4)
+        for d in range(3)
+    ]
+    columns = "code VARBINARY(4), amount DECIMAL(8,3), day DATE, v INT, PRIMARY KEY (code, amount, day)"
     ordered = sorted(rows)
     start = ordered[13][:3]  # the last key of an interrupted snapshot's last commit
-    try:
+    with keyed_table(source, "chunk_reader_keys", columns, rows) as table:
         got, pieces = drain(
-            ChunkReader(settings, table, start, chunk_rows=5, piece_rows=10, directory=str(tmp_path))
+            ChunkReader(source[1], table, start, chunk_rows=5, piece_rows=10, directory=str(tmp_path))
         )
-    finally:
-        with conn.cursor() as cur:
-            cur.execute("DROP TABLE chunk_reader_keys")
     assert Counter(got) == Counter(ordered[14:])  # exactly the rows after it, each once
-    # The first piece (one chunk) ends at the 5th row after it; decimals and dates come back as the
-    # text MySQL compares them with.
-    code, amount, day = pieces[0][2]
-    assert (code, Decimal(amount), dt.date.fromisoformat(day)) == ordered[18][:3]
+    # The first piece (one chunk) ends at the 5th row after it, its key as the values they were.
+    assert pieces[0][2] == ordered[18][:3]
     assert pieces[-1][3] is True and sum(p[0] for p in pieces) == len(ordered) - 14
+
+
+def test_a_resume_from_wide_decimal_and_time_keys_goes_on_exactly_after_them(source, tmp_path) -> None:
+    """Decimals beyond a double's 15 digits, and TIMEs past 24 h or below zero: as text, MySQL
+    compared the decimals as doubles (a whole run of keys equal, so rows skipped or read twice) and
+    could not parse `str(timedelta)` ("1 day, 1:00:00")."""
+    spans = [
+        dt.timedelta(hours=-30),
+        dt.timedelta(seconds=-1, microseconds=250_000),
+        dt.timedelta(0),
+        dt.timedelta(hours=25, microseconds=500_000),
+        dt.timedelta(hours=100),
+    ]
+    rows = [(Decimal(10**21 + b), s, b * 10 + i) for b in range(1, 4) for i, s in enumerate(spans)]
+    ordered = sorted(rows)
+    resumes = (0, 3, 5, 8)
+    columns = "big DECIMAL(30,0), span TIME(6), v INT, PRIMARY KEY (big, span)"
+    with keyed_table(source, "chunk_reader_wide_keys", columns, rows) as table:
+        with source[0].cursor() as cur:  # the lake holds a TIME as MySQL's text
+            cur.execute("SELECT big, CAST(span AS CHAR), v FROM chunk_reader_wide_keys ORDER BY big, span")
+            as_lake = list(cur.fetchall())
+        read = {
+            after: drain(
+                ChunkReader(
+                    source[1], table, ordered[after][:2], chunk_rows=2, piece_rows=4, directory=str(tmp_path)
+                )
+            )
+            for after in resumes
+        }
+    assert [r[2] for r in as_lake] == [r[2] for r in ordered]
+    for after, (got, _) in read.items():
+        assert Counter(got) == Counter(as_lake[after + 1 :]), f"resumed after {ordered[after][:2]}"
+    # Each piece's last key comes back as the value it was, for the next resume.
+    assert [pieces[0][2] for _, pieces in read.values()] == [ordered[after + 2][:2] for after in resumes]
 
 
 @pytest.mark.parametrize("rows", [0, 1_000])

@@ -13,6 +13,7 @@ import pytest
 from jobs.cdc.apply_changes import merge_statement
 from jobs.cdc.binlog_reader import BinlogPosition
 from jobs.cdc.change_batch import DELETE, UPSERT, last_change_per_key, row_changes
+from jobs.cdc.chunk_reader import keys_from_json, keys_to_json
 from jobs.cdc.ddl import classify
 from jobs.cdc.schema_mapping import UnsupportedType, iceberg_type, to_spark_value
 
@@ -526,17 +527,31 @@ def test_mysql_needs_commits_visible_in_binlog_order_for_the_snapshot_barrier() 
     assert binlog_setting_problems(_VariablesConnection({**mariadb, "log_bin_compress": "OFF"})) == []
 
 
-def test_snapshot_progress_keys_round_trip_as_mysql_compares_them() -> None:
+def test_snapshot_progress_keys_round_trip_as_the_values_they_were() -> None:
+    """A resumed snapshot continues after the stored key; MySQL must compare it as the first run
+    did (a decimal as text is compared as a double, a TIME as `str(timedelta)` does not parse)."""
     from jobs.cdc.snapshot import SnapshotProgress
 
     position = BinlogPosition("mysql-bin.000003", 4711, "0-1-42")
-    after = (7, "k00010", Decimal("1.2500"), dt.datetime(2026, 1, 2, 3, 4, 5), b"\x00\xff")
+    after = (
+        7,
+        "k00010",
+        Decimal("1000000000000000000001.2500"),
+        dt.datetime(2026, 1, 2, 3, 4, 5, 6),
+        dt.date(2026, 1, 2),
+        dt.timedelta(days=-2, seconds=64800, microseconds=5),
+        b"\x00\xff",
+        None,
+    )
     progress = SnapshotProgress(position, after, 20_000, 20)
     back = SnapshotProgress.from_json(progress.to_json())
     assert back.position == position and (back.rows, back.chunks) == (20_000, 20)
-    # Numbers and text as they were; decimals and datetimes as the text MySQL converts; bytes as bytes.
-    assert back.after == (7, "k00010", "1.2500", "2026-01-02 03:04:05", b"\x00\xff")
+    assert back.after == after and [type(v) for v in back.after] == [type(v) for v in after]
     assert SnapshotProgress.from_json(SnapshotProgress(position, None, 0, 0).to_json()).after is None
+    # Progress stored by an earlier version (text) still reads; MySQL converts that text.
+    assert keys_from_json([{"text": "1.2500"}, {"hex": "00ff"}]) == ("1.2500", b"\x00\xff")
+    with pytest.raises(TypeError, match="type object cannot be stored"):
+        keys_to_json((object(),))
 
 
 # ---- schema change policies (jobs/cdc/schema_policy.py) ----------------------------------------------

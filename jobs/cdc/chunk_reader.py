@@ -15,6 +15,8 @@ when the driver is gone (a kill -9 leaves no reader behind).
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import json
 import os
 import subprocess
@@ -51,7 +53,8 @@ class ReaderFailed(RuntimeError):
 
 
 def keys_to_json(key: tuple | None) -> list | None:
-    """A key as JSON that reads back as what MySQL compares it with (text for decimals, dates)."""
+    """A key as JSON that reads back as the same Python values, so that MySQL compares the key
+    exactly as in the run that read it (a decimal as text would be compared as a double)."""
     return None if key is None else [_json_value(v) for v in key]
 
 
@@ -62,15 +65,32 @@ def keys_from_json(data: list | None) -> tuple | None:
 def _json_value(value: object) -> object:
     if isinstance(value, bytes):
         return {"hex": value.hex()}
-    if isinstance(value, int | float | str) or value is None:
+    if isinstance(value, bool) or value is None or isinstance(value, int | float | str):
         return value
-    return {"text": str(value)}
+    if isinstance(value, decimal.Decimal):
+        return {"decimal": str(value)}
+    if isinstance(value, datetime.datetime):  # before date: a datetime is a date
+        return {"datetime": value.isoformat()}
+    if isinstance(value, datetime.date):
+        return {"date": value.isoformat()}
+    if isinstance(value, datetime.timedelta):  # TIME
+        return {"time_us": value // datetime.timedelta(microseconds=1)}
+    raise TypeError(f"a primary key value of type {type(value).__name__} cannot be stored: {value!r}")
 
 
 def _value(value: object) -> object:
-    if isinstance(value, dict):
-        return bytes.fromhex(value["hex"]) if "hex" in value else value["text"]
-    return value
+    if not isinstance(value, dict):
+        return value
+    (kind, data), *_ = value.items()
+    readers = {
+        "hex": bytes.fromhex,
+        "decimal": decimal.Decimal,
+        "datetime": datetime.datetime.fromisoformat,
+        "date": datetime.date.fromisoformat,
+        "time_us": lambda us: datetime.timedelta(microseconds=us),
+        "text": str,  # stored by earlier versions; MySQL converts it
+    }
+    return readers[kind](data)
 
 
 def rows_table(source: SourceTable, rows: list[tuple]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 from dataclasses import dataclass
 
@@ -287,6 +288,16 @@ def _quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def _key_argument(value: object) -> object:
+    """A key value as pymysql should send it. pymysql renders a negative timedelta wrongly (-1 s
+    as '-1:59:59'), so a TIME goes as its exact text, which MySQL converts to the column's TIME."""
+    if isinstance(value, datetime.timedelta):
+        sign, span = ("-", -value) if value < datetime.timedelta(0) else ("", value)
+        seconds, micros = divmod(span // datetime.timedelta(microseconds=1), 1_000_000)
+        return f"{sign}{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}.{micros:06d}"
+    return value
+
+
 def read_chunk(
     conn: pymysql.Connection, table: SourceTable, after: tuple | None, rows: int
 ) -> tuple[list[tuple], tuple | None]:
@@ -300,7 +311,7 @@ def read_chunk(
     args: tuple = ()
     if after is not None:
         where = f"WHERE ({keys}) > ({', '.join(['%s'] * len(after))})"
-        args = tuple(after)
+        args = tuple(_key_argument(v) for v in after)
     with conn.cursor() as cur:
         # The key columns again, as stored (not as selected for the lake), to continue from.
         try:
