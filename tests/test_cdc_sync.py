@@ -1058,6 +1058,51 @@ def test_truncate_empties_and_drop_table_stops_keeping_the_lake(spark, app_conn,
     assert assert_converged(spark, app_conn, truncated) == 1
     assert len(sync.errors) == 1 and "the source table was dropped" in sync.errors[0]
     assert spark.table(f"lakehouse.dim_db.{dropped}").count() == 10  # the lake keeps what it had
+    sync.close()
+
+    # The next start still says so, and the other table goes on (the job used to refuse to start).
+    sync = make_sync(*pairs)
+    (error,) = sync.errors
+    assert error.startswith(f"lakehouse.dim_db.{dropped}: ") and f"user_db.{dropped} does not exist" in error
+    assert "the lake table stays as it was" in error and "\n" not in error
+    with app_conn.cursor() as cur:
+        cur.execute(f"INSERT INTO {truncated} (id, name) VALUES ('restarted', 'restart')")
+    app_conn.commit()
+    catch_up(sync)
+    assert assert_converged(spark, app_conn, truncated) == 2
+    assert spark.table(f"lakehouse.dim_db.{dropped}").count() == 10
+
+
+def test_a_table_dropped_while_cdc_was_stopped_is_reported_and_the_others_go_on(
+    spark, app_conn, make_sync
+) -> None:
+    """Whole-database sync: the source lists only the tables there now, so a table dropped while the
+    job was down used to vanish from the sync without a word."""
+    p = "cdc_gone"
+    names = [f"{p}_kept", f"{p}_dropped", f"{p}_other"]
+    _drop_tables(app_conn, spark, names)
+    for name in names[:2]:
+        recreate_source(app_conn, name)
+        seed_rows(app_conn, name, 20)
+    make_sync(include=(f"user_db.{p}_*",)).close()
+    # A lake table of the same namespace that this selection never synced stays out of it.
+    spark.sql(f"CREATE TABLE lakehouse.dim_db.{p}_other (id STRING) USING iceberg")
+    with app_conn.cursor() as cur:
+        cur.execute(f"DROP TABLE {p}_dropped")
+        cur.execute(f"UPDATE {p}_kept SET qty = qty + 1")
+    app_conn.commit()
+
+    sync = make_sync(include=(f"user_db.{p}_*",))
+    (error,) = sync.errors
+    assert error.startswith(f"lakehouse.dim_db.{p}_dropped: ")
+    assert f"user_db.{p}_dropped does not exist" in error and "the lake table stays as it was" in error
+    assert "--exclude" in error
+    catch_up(sync)
+    assert assert_converged(spark, app_conn, f"{p}_kept") == 20
+    assert spark.table(f"lakehouse.dim_db.{p}_dropped").count() == 20
+    sync.close()
+    # Excluded, it is no longer reported.
+    assert make_sync(include=(f"user_db.{p}_*",), exclude=(f"user_db.{p}_dropped",)).errors == []
 
 
 def test_purged_binlog_position_gives_the_fix(spark, app_conn, make_sync) -> None:

@@ -225,12 +225,43 @@ class CdcSync(StreamingJob):
         stopped state of its own (the others go on)."""
         specs = list(self.selection.explicit)
         targets = {spec.target: spec for spec in specs}
-        for schema, name in source_db.list_tables(conn, self.selection.schemas):
+        listed = source_db.list_tables(conn, self.selection.schemas)
+        for schema, name in listed:
             spec = self._spec_or_stop(schema, name, targets)
             if spec is not None and spec.source_key not in {s.source_key for s in specs}:
                 specs.append(spec)
                 targets[spec.target] = spec
-        return specs
+        # Their sync stops in `_prepare`, with the reason.
+        return specs + self._gone_from_source(set(listed), set(targets))
+
+    def _gone_from_source(self, listed: set[tuple[str, str]], targets: set[str]) -> list[TableSpec]:
+        """Lake tables this selection synced whose source table is no longer listed: dropped or
+        renamed while the job was stopped (the binlog's DROP was never read for them)."""
+        if not self.selection.dynamic:
+            return []  # named tables: `_prepare` finds each one missing
+        namespace = f"{self.config.catalog.name}.{self.selection.namespace}"
+        if not self.spark.catalog.databaseExists(namespace):
+            return []
+        gone = []
+        for row in self.spark.sql(f"SHOW TABLES IN {namespace}").collect():
+            lake_name, target = row["tableName"], f"{namespace}.{row['tableName']}"
+            if (
+                target in targets
+                or snapshot.STAGING_SUFFIX in lake_name
+                or not self.selection.may_target(lake_name)
+            ):
+                continue
+            source = target_table.synced_source(self.spark, target, self.config.mysql.database)
+            schema, _, name = (source or "").partition(".")
+            if source is None or (schema, name) in listed:
+                continue
+            try:
+                spec = self.selection.spec_for(schema, name)
+            except UnusableName:
+                continue
+            if spec is not None and spec.target == target:
+                gone.append(spec)
+        return gone
 
     def _spec_or_stop(self, schema: str, name: str, targets: dict[str, TableSpec]) -> TableSpec | None:
         try:
@@ -267,7 +298,8 @@ class CdcSync(StreamingJob):
         in the source while the job runs: it is snapshotted whatever the lake holds, and the reader
         follows it from before the snapshot's position on."""
         stored = None
-        if not created and target_table.table_exists(self.spark, spec.target):
+        in_lake = not created and target_table.table_exists(self.spark, spec.target)
+        if in_lake:
             stored = position_commit.stored_position(self.spark, spec.target)
         wants_resync = any(spec.matches(name) for name in self.resync)
         if stored is not None and not wants_resync:
@@ -292,6 +324,17 @@ class CdcSync(StreamingJob):
         except source_db.NoPrimaryKey as exc:
             state = TableState(spec, (), [], stored or BinlogPosition("", 0))
             self._stop_table(state, f"cannot sync: {exc}")
+            return state
+        except source_db.MissingTable:
+            if not in_lake:
+                raise  # never synced: a misspelt --table, or created and gone (the caller says)
+            state = TableState(spec, (), [], stored or BinlogPosition("", 0))
+            self._stop_table(
+                state,
+                f"the source table {spec.source} does not exist (dropped or renamed while CDC was "
+                f"stopped): the lake table stays as it was; drop it if it is no longer wanted, or "
+                f"leave it out of the selection (--exclude {spec.source})",
+            )
             return state
         target_table.configure_table(self.spark, spec.target, source.key, spec.source)
         state = TableState(spec, source.key, target_table.target_columns(self.spark, spec.target), position)

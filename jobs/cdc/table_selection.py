@@ -107,6 +107,11 @@ class TableSelection:
             names.add(schema)
         return tuple(sorted(names))
 
+    def may_target(self, lake_name: str) -> bool:
+        """Whether a pattern could map some source table to `<namespace>.<lake_name>` (a cheap filter
+        before reading the lake table's properties; `spec_for` decides)."""
+        return any(fnmatchcase(lake_name, p.rsplit(".", 1)[-1].lower()) for p in self.includes)
+
     def spec_for(self, schema: str, name: str) -> TableSpec | None:
         """The spec of `schema.name` if the selection takes it; raises UnusableName for a selected
         table whose name needs changing before it can be synced under a pattern."""

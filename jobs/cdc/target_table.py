@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from jobs.cdc.schema_mapping import SourceColumn
 from jobs.common import progress_keys
+from jobs.common.snapshot_progress import progress_as_of
 
 # Snapshot summary key holding the binlog position a commit brings the table up to (JSON: file,
 # pos, gtid). Written in the same commit as the rows, so data and position never disagree.
@@ -27,6 +28,17 @@ TABLE_PROPERTIES = {
 
 # Table property naming the source table (`schema.table`) a CDC target mirrors.
 SOURCE_PROPERTY = "lakehouse.cdc.source"
+
+
+def synced_source(spark, target: str, database: str) -> str | None:
+    """The source table (`schema.table`) the lake table `target` mirrors: its SOURCE_PROPERTY, or,
+    for a `dim_db` table CDC made before it recorded that property, `<database>.<name>` when the
+    table stores a binlog position. None: not a CDC table."""
+    source = dict(spark.sql(f"SHOW TBLPROPERTIES {target}").collect()).get(SOURCE_PROPERTY)
+    namespace, name = target.split(".")[-2:]
+    if source is None and namespace == "dim_db" and progress_as_of(spark, target, None, POSITION_KEY):
+        source = f"{database}.{name}"
+    return source
 
 
 def _quote(name: str) -> str:

@@ -113,8 +113,7 @@ def cdc_tables(spark, config: LakehouseConfig) -> list[tuple[str, tuple[str, str
     """(target, (schema, table)) of every CDC table: those naming their source (a table property CDC
     sets, in any namespace), and dim_db tables with a stored binlog position that predate it."""
     from jobs.cdc.snapshot import STAGING_SUFFIX
-    from jobs.cdc.target_table import POSITION_KEY, SOURCE_PROPERTY
-    from jobs.common.snapshot_progress import progress_as_of
+    from jobs.cdc.target_table import synced_source
 
     found = []
     for (namespace,) in spark.sql(f"SHOW NAMESPACES IN {config.catalog.name}").collect():
@@ -123,10 +122,7 @@ def cdc_tables(spark, config: LakehouseConfig) -> list[tuple[str, tuple[str, str
             name, target = row["tableName"], f"{qualified}.{row['tableName']}"
             if STAGING_SUFFIX in name:
                 continue
-            source = dict(spark.sql(f"SHOW TBLPROPERTIES {target}").collect()).get(SOURCE_PROPERTY)
-            if source is None and namespace == "dim_db":
-                if progress_as_of(spark, target, None, POSITION_KEY) is not None:
-                    source = f"{config.mysql.database}.{name}"
+            source = synced_source(spark, target, config.mysql.database)
             if source is not None:
                 schema, _, table = source.partition(".")
                 found.append((target, (schema, table)))
