@@ -13,7 +13,7 @@ import pytest
 from jobs.cdc.apply_changes import merge_statement
 from jobs.cdc.binlog_reader import BinlogPosition
 from jobs.cdc.change_batch import DELETE, UPSERT, last_change_per_key, row_changes
-from jobs.cdc.chunk_reader import keys_from_json, keys_to_json
+from jobs.cdc.chunk_reader import StoredAsText, keys_from_json, keys_to_json
 from jobs.cdc.ddl import classify
 from jobs.cdc.schema_mapping import UnsupportedType, iceberg_type, to_spark_value
 
@@ -548,8 +548,10 @@ def test_snapshot_progress_keys_round_trip_as_the_values_they_were() -> None:
     assert back.position == position and (back.rows, back.chunks) == (20_000, 20)
     assert back.after == after and [type(v) for v in back.after] == [type(v) for v in after]
     assert SnapshotProgress.from_json(SnapshotProgress(position, None, 0, 0).to_json()).after is None
-    # Progress stored by an earlier version (text) still reads; MySQL converts that text.
-    assert keys_from_json([{"text": "1.2500"}, {"hex": "00ff"}]) == ("1.2500", b"\x00\xff")
+    # Progress an earlier version stored as text still reads, marked: such a snapshot starts over.
+    legacy = keys_from_json([{"text": "1.2500"}, {"hex": "00ff"}])
+    assert legacy == ("1.2500", b"\x00\xff") and isinstance(legacy[0], StoredAsText)
+    assert not any(isinstance(v, StoredAsText) for v in keys_from_json(keys_to_json(after)))
     with pytest.raises(TypeError, match="type object cannot be stored"):
         keys_to_json((object(),))
 

@@ -52,6 +52,11 @@ class ReaderFailed(RuntimeError):
     """The reader process failed for a reason that is not the source's (a bug, a full disk)."""
 
 
+class StoredAsText(str):
+    """A key value an earlier version stored as text (a decimal, a date, a TIME): MySQL may compare
+    it inexactly, so a snapshot does not resume after it (`snapshot._resumable`)."""
+
+
 def keys_to_json(key: tuple | None) -> list | None:
     """A key as JSON that reads back as the same Python values, so that MySQL compares the key
     exactly as in the run that read it (a decimal as text would be compared as a double)."""
@@ -88,7 +93,7 @@ def _value(value: object) -> object:
         "datetime": datetime.datetime.fromisoformat,
         "date": datetime.date.fromisoformat,
         "time_us": lambda us: datetime.timedelta(microseconds=us),
-        "text": str,  # stored by earlier versions; MySQL converts it
+        "text": StoredAsText,
     }
     return readers[kind](data)
 

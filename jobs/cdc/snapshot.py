@@ -45,7 +45,15 @@ from pyspark.sql import types as T
 from jobs.cdc import position_commit, source_db, target_table
 from jobs.cdc.apply_changes import arrow_file_frame, arrow_frame
 from jobs.cdc.binlog_reader import BinlogPosition
-from jobs.cdc.chunk_reader import ChunkReader, Piece, keys_from_json, keys_to_json, read_pieces, rows_table
+from jobs.cdc.chunk_reader import (
+    ChunkReader,
+    Piece,
+    StoredAsText,
+    keys_from_json,
+    keys_to_json,
+    read_pieces,
+    rows_table,
+)
 from jobs.cdc.schema_mapping import spark_schema
 from jobs.cdc.source_db import SourceTable
 from jobs.cdc.target_table import POSITION_KEY, TABLE_PROPERTIES
@@ -140,6 +148,8 @@ def _resumable(spark, target: str, source: SourceTable, binlog_alive) -> tuple[s
             if progress is None
             else "the source table's columns changed since"
             if not schema_matches(spark, staging, source)
+            else "an earlier version stored its last key as text, which MySQL may compare inexactly"
+            if any(isinstance(v, StoredAsText) for v in progress.after or ())
             else binlog_alive(progress.position)
         )
         if problem is None:

@@ -288,6 +288,21 @@ def _quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def _continuation(column: SourceColumn) -> tuple[str, str]:
+    """How a key column's last value is read and compared again, so that `(keys) > (last)` orders
+    as `ORDER BY keys` does: an ENUM, SET or BIT by its number (ORDER BY sorts an ENUM by declared
+    position, while its text compares as text), a FLOAT as the DOUBLE it is exactly (the text
+    protocol prints 6 digits), a TIME as a TIME (sent as text)."""
+    quoted = _quoted(column.name)
+    if column.base_type in ("enum", "set", "bit"):
+        return f"{quoted}+0", "%s"
+    if column.base_type == "float":
+        return f"CAST({quoted} AS DOUBLE)", "%s"
+    if column.base_type == "time":
+        return quoted, "CAST(%s AS TIME(6))"
+    return quoted, "%s"
+
+
 def _key_argument(value: object) -> object:
     """A key value as pymysql should send it. pymysql renders a negative timedelta wrongly (-1 s
     as '-1:59:59'), so a TIME goes as its exact text, which MySQL converts to the column's TIME."""
@@ -307,16 +322,19 @@ def read_chunk(
     it reads only the chunk (a row comparison `(k1, k2) > (…)` is an index range since MySQL 5.7)."""
     cols = ", ".join(select_expression(c) for c in table.columns)
     keys = ", ".join(_quoted(k) for k in table.key)
+    by_name = {c.name: c for c in table.columns}
+    continuation = [_continuation(by_name[k]) for k in table.key]
     where = ""
     args: tuple = ()
     if after is not None:
-        where = f"WHERE ({keys}) > ({', '.join(['%s'] * len(after))})"
+        where = f"WHERE ({keys}) > ({', '.join(placeholder for _, placeholder in continuation)})"
         args = tuple(_key_argument(v) for v in after)
     with conn.cursor() as cur:
-        # The key columns again, as stored (not as selected for the lake), to continue from.
+        # The key columns again, as the WHERE compares them (not as selected for the lake).
         try:
             cur.execute(
-                f"SELECT {cols}, {keys} FROM {_quoted(table.schema)}.{_quoted(table.name)} "
+                f"SELECT {cols}, {', '.join(select for select, _ in continuation)} "
+                f"FROM {_quoted(table.schema)}.{_quoted(table.name)} "
                 f"{where} ORDER BY {keys} LIMIT {int(rows)}",
                 args,
             )
