@@ -1065,12 +1065,17 @@ def test_truncate_empties_and_drop_table_stops_keeping_the_lake(spark, app_conn,
     (error,) = sync.errors
     assert error.startswith(f"lakehouse.dim_db.{dropped}: ") and f"user_db.{dropped} does not exist" in error
     assert "the lake table stays as it was" in error and "\n" not in error
+    assert f"--resync user_db.{dropped}" in error and f"remove --table user_db.{dropped}" in error
     with app_conn.cursor() as cur:
         cur.execute(f"INSERT INTO {truncated} (id, name) VALUES ('restarted', 'restart')")
     app_conn.commit()
     catch_up(sync)
     assert assert_converged(spark, app_conn, truncated) == 2
     assert spark.table(f"lakehouse.dim_db.{dropped}").count() == 10
+    sync.close()
+    # A misspelt source onto a lake table synced from another one is an error at start.
+    with pytest.raises(source_db.MissingTable, match=f"user_db.{truncated}_typo does not exist"):
+        make_sync(f"user_db.{truncated}_typo=dim_db.{truncated}")
 
 
 def test_a_table_dropped_while_cdc_was_stopped_is_reported_and_the_others_go_on(
@@ -1096,7 +1101,7 @@ def test_a_table_dropped_while_cdc_was_stopped_is_reported_and_the_others_go_on(
     (error,) = sync.errors
     assert error.startswith(f"lakehouse.dim_db.{p}_dropped: ")
     assert f"user_db.{p}_dropped does not exist" in error and "the lake table stays as it was" in error
-    assert "--exclude" in error
+    assert f"--exclude user_db.{p}_dropped" in error and f"--resync user_db.{p}_dropped" in error
     catch_up(sync)
     assert assert_converged(spark, app_conn, f"{p}_kept") == 20
     assert spark.table(f"lakehouse.dim_db.{p}_dropped").count() == 20

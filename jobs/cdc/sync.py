@@ -251,7 +251,11 @@ class CdcSync(StreamingJob):
                 or not self.selection.may_target(lake_name)
             ):
                 continue
-            source = target_table.synced_source(self.spark, target, self.config.mysql.database)
+            try:
+                source = target_table.synced_source(self.spark, target, self.config.mysql.database)
+            except Exception as exc:  # noqa: BLE001 - one unreadable lake table must not stop the others
+                log.warning("%s: cannot tell which source table it mirrors (%s); skipped", target, exc)
+                continue
             schema, _, name = (source or "").partition(".")
             if source is None or (schema, name) in listed:
                 continue
@@ -326,14 +330,20 @@ class CdcSync(StreamingJob):
             self._stop_table(state, f"cannot sync: {exc}")
             return state
         except source_db.MissingTable:
-            if not in_lake:
-                raise  # never synced: a misspelt --table, or created and gone (the caller says)
+            database = self.config.mysql.database
+            if not in_lake or target_table.synced_source(self.spark, spec.target, database) != spec.source:
+                raise  # never synced from it: a misspelt --table, or created and gone (the caller says)
             state = TableState(spec, (), [], stored or BinlogPosition("", 0))
+            gone_for_good = (
+                f"remove --table {spec.source}"
+                if spec in self.selection.explicit
+                else f"drop the lake table or --exclude {spec.source}"
+            )
             self._stop_table(
                 state,
-                f"the source table {spec.source} does not exist (dropped or renamed while CDC was "
-                f"stopped): the lake table stays as it was; drop it if it is no longer wanted, or "
-                f"leave it out of the selection (--exclude {spec.source})",
+                f"the source table {spec.source} does not exist (dropped or renamed): the lake table "
+                f"stays as it was; if the table comes back, `lakehouse run cdc --resync {spec.source}` "
+                f"syncs it anew; if it is gone for good, {gone_for_good}",
             )
             return state
         target_table.configure_table(self.spark, spec.target, source.key, spec.source)
