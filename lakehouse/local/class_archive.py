@@ -3,8 +3,8 @@
 Every local job starts a JVM that loads Spark's classes, one by one from its jars, before it does
 any work. A class archive dumped once from a run of the jobs' own code paths (session, Iceberg DDL,
 an append, a MERGE, an aggregation, a maintenance procedure) lets each later JVM map those classes
-instead. Measured on the 2-core box: a session plus a first Iceberg commit and query took 8.4-9.0 s
-without it and 5.3-5.8 s with it (`python -m bench jvm_start`).
+instead. Measured on the 2-core box (`python -m bench jvm_start`): a new job process up to its
+first Iceberg statements took 11.0-13.0 s without it and 8.3-8.8 s with it.
 
 The archive fits only the JDK build and the Spark jars it was dumped with. Their fingerprint is kept
 beside it, and setup dumps it again when it changes. A JVM given an archive that does not fit warns
@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -53,12 +54,18 @@ def fingerprint() -> str:
     size and modification time, so a reinstall of the same version needs a new archive too)."""
     import pyspark
 
-    java = subprocess.run(["java", "-version"], capture_output=True, text=True, check=True).stderr
+    java = subprocess.run([_java(), "-version"], capture_output=True, text=True, check=True).stderr
     jars = sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar")) + [
         Path(j) for j in local_spark_jars()
     ]
     described = {"java": java, "jars": [(str(j), j.stat().st_size, j.stat().st_mtime_ns) for j in jars]}
     return hashlib.sha256(json.dumps(described).encode()).hexdigest()
+
+
+def _java() -> str:
+    """The java Spark starts (`spark-class`: `$JAVA_HOME/bin/java`, else the one on PATH)."""
+    home = os.environ.get("JAVA_HOME")
+    return str(Path(home) / "bin" / "java") if home else "java"
 
 
 def ensure(archive: Path = LOCAL_CLASS_ARCHIVE, log: Callable[[str], None] = print) -> bool:
@@ -72,24 +79,33 @@ def ensure(archive: Path = LOCAL_CLASS_ARCHIVE, log: Callable[[str], None] = pri
     began = time.monotonic()
     archive.parent.mkdir(parents=True, exist_ok=True)
     dumped = archive.with_name(f".{archive.name}.{os.getpid()}")
-    with tempfile.TemporaryDirectory(prefix="class-archive-") as scratch:
-        child = ["-m", "lakehouse.local.class_archive", "--dump-to", str(dumped), "--scratch", scratch]
-        result = subprocess.run(
-            [sys.executable, *child],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-    if result.returncode != 0 or not dumped.is_file():
+    try:
+        with tempfile.TemporaryDirectory(prefix="class-archive-") as scratch:
+            child = ["-m", "lakehouse.local.class_archive", "--dump-to", str(dumped), "--scratch", scratch]
+            # A session of its own: on a timeout the JVM it started goes too.
+            run = subprocess.Popen(
+                [sys.executable, *child],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+            try:
+                _, errors = run.communicate(timeout=600)
+            except subprocess.TimeoutExpired:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.communicate()
+                raise ArchiveFailed("the dump run took over 10 minutes; stopped") from None
+        if run.returncode != 0 or not dumped.is_file():
+            raise ArchiveFailed(
+                f"the dump run exited {run.returncode}; local jobs still work, only start slower:\n"
+                f"{errors[-3000:]}"
+            )
+        # A rename: JVMs running now keep the file they mapped.
+        dumped.replace(archive)
+        key_file.write_text(key)
+    finally:
         dumped.unlink(missing_ok=True)
-        raise ArchiveFailed(
-            f"the dump run exited {result.returncode}; local jobs still work, only start slower:\n"
-            f"{result.stderr[-3000:]}"
-        )
-    # A rename: JVMs running now keep the file they mapped.
-    dumped.replace(archive)
-    key_file.write_text(key)
     log(f"  {archive} ({archive.stat().st_size / 1e6:.0f} MB) in {time.monotonic() - began:.0f} s")
     return True
 
@@ -137,7 +153,8 @@ def dump_run(target: Path, scratch: Path) -> None:
         stop_spark(spark)
     # The JVM exits when its stdin closes and writes the archive as it exits: wait for it.
     jvm.stdin.close()
-    jvm.wait(timeout=300)
+    if jvm.wait(timeout=300) != 0:
+        raise SystemExit(f"the JVM exited {jvm.returncode} while writing the archive")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
