@@ -766,6 +766,17 @@ def test_whole_database_sync_follows_new_tables_and_stops_only_a_table_without_a
     ]
     assert not sync.all_stopped
 
+    # A primary key added to a table that waits for one: snapshotted and followed, no restart.
+    with app_conn.cursor() as cur:
+        cur.execute(f"INSERT INTO {p}_nokey VALUES (1, 10), (2, 20)")
+        cur.execute(f"ALTER TABLE {p}_nokey ADD PRIMARY KEY (id)")
+        cur.execute(f"INSERT INTO {p}_nokey VALUES (3, 30)")
+        cur.execute(f"UPDATE {p}_nokey SET v = 11 WHERE id = 1")
+    app_conn.commit()
+    catch_up(sync)
+    assert [e.split(":")[0] for e in sync.errors] == [f"lakehouse.dim_db.{p}_nokey2"]
+    assert assert_converged(spark, app_conn, f"{p}_nokey", columns=["id", "v"]) == 3
+
     # A restart finds every table where it left it: no snapshot again, the changes since applied.
     sync.close()
     random_workload(app_conn, f"{p}_c", 30, seed=7, keys=2_000)

@@ -117,6 +117,26 @@ def test_harmless_statements_are_ignored(statement: str) -> None:
     assert classify(statement) is None
 
 
+@pytest.mark.parametrize(
+    ("statement", "adds_key"),
+    [
+        ("ALTER TABLE t ADD PRIMARY KEY (id)", True),
+        ("ALTER TABLE t ADD CONSTRAINT pk PRIMARY KEY (a, b)", True),
+        ("ALTER TABLE t MODIFY id INT NOT NULL PRIMARY KEY", True),
+        ("ALTER TABLE t ADD COLUMN id2 INT AUTO_INCREMENT PRIMARY KEY", True),
+        ("ALTER TABLE t ADD COLUMN c INT", False),
+        ("ALTER TABLE t ADD UNIQUE KEY u (c)", None),  # harmless: nothing to report
+    ],
+)
+def test_a_primary_key_added_is_reported(statement: str, adds_key: bool | None) -> None:
+    """A table that waits for a key (it had none) is synced once one is added (sync.py)."""
+    ddl = classify(statement)
+    if adds_key is None:
+        assert ddl is None
+        return
+    assert ddl.adds_key is adds_key and not ddl.unsupported and ddl.tables == ((None, "t"),)
+
+
 def test_update_changing_the_key_deletes_the_old_key() -> None:
     rows = [{"before_values": {"id": "1", "v": 1}, "after_values": {"id": "2", "v": 1}}]
     changes = row_changes("update", rows, ("id",))

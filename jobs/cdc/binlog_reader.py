@@ -152,7 +152,9 @@ class BinlogReader:
         self._settings = connection_settings
         self._server_id = server_id
         self._tables = dict(tables)
-        self._selects = selects  # a table created under this name is reported (DdlEvent.created)
+        self._selects = (
+            selects  # a table created (or given a key) under this name is reported (DdlEvent.created)
+        )
         self._is_mariadb = is_mariadb
         self._max_backoff = max_backoff
         self.items: queue.Queue[Transaction | DdlEvent] = queue.Queue(maxsize=max_queued)
@@ -409,7 +411,8 @@ class BinlogReader:
     def _queue_ddl(self, ddl: DdlChange, default_schema: bytes | str, end: BinlogPosition, timestamp: int):
         schema = default_schema.decode() if isinstance(default_schema, bytes) else default_schema
         touched = tuple(t for t in ((s or schema, n) for s, n in ddl.tables) if t in self._tables)
-        named = ((s or schema, n) for s, n in ddl.created)
+        # Created, or given the primary key it lacked: a table the job may start following.
+        named = ((s or schema, n) for s, n in (*ddl.created, *(ddl.tables if ddl.adds_key else ())))
         created = tuple(t for t in named if t not in self._tables and self._selects(*t))
         if touched or created:
             self._put(DdlEvent(ddl, touched, end, timestamp, created))

@@ -39,6 +39,10 @@ _HARMLESS = re.compile(
     r"|ENGINE\b|COMMENT\b|AUTO_INCREMENT\b|ALGORITHM\b|LOCK\b|ROW_FORMAT\b|FORCE\b)",
     re.I,
 )
+# A primary key added (`ADD PRIMARY KEY (id)`, `ADD CONSTRAINT pk PRIMARY KEY ...`, or a column
+# added or modified `... PRIMARY KEY`): for a followed table harmless (it has one), for a table
+# without one the moment it can be synced.
+_ADD_PRIMARY_KEY = re.compile(r"^(ADD|MODIFY|CHANGE)\b.*\bPRIMARY\s+KEY\b", re.I | re.S)
 _TYPE = r"\w+(?:\s*\([^)]*\))?(?:\s+UNSIGNED)?"
 _ADD_COLUMN = re.compile(
     rf"^ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?({_IDENT})\s+({_TYPE})(.*)$",
@@ -146,6 +150,7 @@ class DdlChange:
     # Tables that exist under these names after the statement (CREATE TABLE, RENAME's new names).
     created: tuple[tuple[str | None, str], ...] = ()
     replaces: bool = False  # CREATE OR REPLACE: a table of that name was replaced, rows and all
+    adds_key: bool = False  # ALTER ... ADD PRIMARY KEY: a table without one may be synced now
 
     @property
     def added_columns(self) -> tuple[SourceColumn, ...]:
@@ -203,11 +208,14 @@ def classify(statement: str) -> DdlChange | None:
         if renamed_to:  # the table is gone under its old name, whatever else the statement did
             reason = "; ".join(["RENAME", *problems])
             return DdlChange(statement, (table,), unsupported=True, reason=reason, created=tuple(renamed_to))
+        adds_key = any(_ADD_PRIMARY_KEY.search(clause) for clause in split_top_level(match.group(3)))
         if problems:
-            return DdlChange(statement, (table,), unsupported=True, reason="; ".join(problems))
-        if not changes:
+            return DdlChange(
+                statement, (table,), unsupported=True, reason="; ".join(problems), adds_key=adds_key
+            )
+        if not changes and not adds_key:
             return None
-        return DdlChange(statement, (table,), column_changes=tuple(changes))
+        return DdlChange(statement, (table,), column_changes=tuple(changes), adds_key=adds_key)
     for pattern in _OTHER:
         match = pattern.match(text)
         if not match:

@@ -82,6 +82,7 @@ class TableState:
     # are as of `position` (described before a snapshot's position), not read later.
     source_columns: dict[str, SourceColumn] = field(default_factory=dict)
     columns_exact: bool = False
+    awaits_key: bool = False  # stopped for want of a primary key: synced once the source has one
 
     def track_source(self, columns, exact: bool) -> None:
         self.source_columns = {c.name.lower(): c for c in columns}
@@ -292,8 +293,9 @@ class CdcSync(StreamingJob):
         return state
 
     def _takes_new_table(self, schema: str, name: str) -> bool:
-        """The reader asks: does a table created under this name join the sync?"""
-        return (schema, name) not in self.tables and self.selection.selects(schema, name)
+        """The reader asks: does a table created (or given a primary key) under this name join?"""
+        state = self.tables.get((schema, name))
+        return (state is None or state.awaits_key) and self.selection.selects(schema, name)
 
     def _prepare(
         self, conn: pymysql.Connection, spec: TableSpec, is_mariadb: bool, created: bool = False
@@ -326,7 +328,7 @@ class CdcSync(StreamingJob):
             self._stop_table(state, f"cannot sync {spec.source}: {exc}; change or drop that column")
             return state
         except source_db.NoPrimaryKey as exc:
-            state = TableState(spec, (), [], stored or BinlogPosition("", 0))
+            state = TableState(spec, (), [], stored or BinlogPosition("", 0), awaits_key=True)
             self._stop_table(state, f"cannot sync: {exc}")
             return state
         except source_db.MissingTable:
@@ -532,11 +534,13 @@ class CdcSync(StreamingJob):
             self._follow_created_table(schema, name, statement)
 
     def _follow_created_table(self, schema: str, name: str, statement: str) -> None:
-        """A table the selection takes was created (or renamed into place) in the source: snapshot it
-        and follow it, between two batches of the others."""
-        if (schema, name) in self.tables:
+        """A table the selection takes was created (or renamed into place, or given the primary key
+        it waited for) in the source: snapshot it and follow it, between two batches of the others."""
+        waiting = self.tables.get((schema, name))
+        if waiting is not None and not waiting.awaits_key:
             return
-        spec = self._spec_or_stop(schema, name, {t.spec.target: t.spec for t in self.tables.values()})
+        others = {t.spec.target: t.spec for k, t in self.tables.items() if k != (schema, name)}
+        spec = self._spec_or_stop(schema, name, others)
         if spec is None:
             return
         conn = self._connect()
