@@ -204,6 +204,8 @@ def test_a_resume_from_wide_decimal_and_time_keys_goes_on_exactly_after_them(sou
         # The text protocol prints a FLOAT with 6 digits: 123456.7 and 123456.9 both read 123457.
         ("FLOAT", [123456.7, 123456.8, 123456.9, -0.25, 1e-7]),
         ("BIT(12)", [1, 2, 255, 256, 4095]),
+        # A DOUBLE printed with fewer than 17 digits would not read back as itself.
+        ("DOUBLE", [0.1 + 0.2, 0.3, 0.1, 1 / 3, 2 / 3, 1e300, -1.5]),
     ],
 )
 def test_every_row_is_read_once_whatever_the_key_type(source, tmp_path, key_type, keys) -> None:
