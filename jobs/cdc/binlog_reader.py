@@ -152,9 +152,8 @@ class BinlogReader:
         self._settings = connection_settings
         self._server_id = server_id
         self._tables = dict(tables)
-        self._selects = (
-            selects  # a table created (or given a key) under this name is reported (DdlEvent.created)
-        )
+        # A table created (or given a primary key) under such a name is reported (DdlEvent.created).
+        self._selects = selects
         self._is_mariadb = is_mariadb
         self._max_backoff = max_backoff
         self.items: queue.Queue[Transaction | DdlEvent] = queue.Queue(maxsize=max_queued)

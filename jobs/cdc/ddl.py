@@ -194,7 +194,8 @@ def classify(statement: str) -> DdlChange | None:
     if match:
         table = (_unquote(match.group(1)), _unquote(match.group(2)))
         changes, problems, renamed_to = [], [], []
-        for clause in split_top_level(match.group(3)):
+        clauses = split_top_level(match.group(3))
+        for clause in clauses:
             if not clause or _HARMLESS.match(clause):
                 continue
             if rename := _RENAME_TABLE_CLAUSE.match(clause):
@@ -208,7 +209,7 @@ def classify(statement: str) -> DdlChange | None:
         if renamed_to:  # the table is gone under its old name, whatever else the statement did
             reason = "; ".join(["RENAME", *problems])
             return DdlChange(statement, (table,), unsupported=True, reason=reason, created=tuple(renamed_to))
-        adds_key = any(_ADD_PRIMARY_KEY.search(clause) for clause in split_top_level(match.group(3)))
+        adds_key = any(_ADD_PRIMARY_KEY.search(clause) for clause in clauses)
         if problems:
             return DdlChange(
                 statement, (table,), unsupported=True, reason="; ".join(problems), adds_key=adds_key
