@@ -253,6 +253,39 @@ def test_apply_changes_updates_inserts_and_deletes(spark) -> None:
     assert rows == Counter([("keep", 1), ("update", 20), ("insert", 40)])
 
 
+@pytest.mark.parametrize("set_before", [None, "1000"])
+def test_a_frame_read_in_tasks_is_a_partition_per_arrow_batch_and_leaves_the_session_as_it_was(
+    spark, tmp_path, set_before
+) -> None:
+    """The snapshot's pieces: read by the tasks (one per Arrow batch), not planned as a local
+    relation, whose rows Spark's optimizer walks in every rule. A MERGE's change batch keeps the
+    local relation (its size known: a broadcast join)."""
+    import pyarrow as pa
+    from pyspark.sql import types as T
+
+    from jobs.cdc.apply_changes import LOCAL_RELATION_THRESHOLD, arrow_file_frame, write_arrow_file
+
+    rows = [(i, f"v{i}" if i % 7 else None) for i in range(25)]
+    table = pa.table({"id": [r[0] for r in rows], "v": [r[1] for r in rows]})
+    path = tmp_path / "piece.arrow"
+    write_arrow_file(table, path, batch_rows=10)
+    schema = T.StructType([T.StructField("id", T.LongType(), False), T.StructField("v", T.StringType())])
+    if set_before is not None:
+        spark.conf.set(LOCAL_RELATION_THRESHOLD, set_before)
+    try:
+        in_tasks = arrow_file_frame(spark, path, schema, in_tasks=True)
+        assert spark.conf.get(LOCAL_RELATION_THRESHOLD, None) == set_before
+        planned = arrow_file_frame(spark, path, schema)
+    finally:
+        spark.conf.unset(LOCAL_RELATION_THRESHOLD)
+    assert in_tasks.rdd.getNumPartitions() == 3  # 10 + 10 + 5 rows
+    assert Counter(tuple(r) for r in in_tasks.collect()) == Counter(rows)
+    assert "LocalTableScan" not in in_tasks._jdf.queryExecution().executedPlan().toString()
+    if set_before is None:  # under the default threshold: a local relation, as before
+        assert "LocalTableScan" in planned._jdf.queryExecution().executedPlan().toString()
+    assert Counter(tuple(r) for r in planned.collect()) == Counter(rows)
+
+
 def test_merge_warm_up_runs_the_merge_without_touching_the_lake(spark, caplog) -> None:
     from jobs.cdc.merge_warm_up import warm_up_merge
 

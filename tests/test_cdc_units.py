@@ -189,6 +189,25 @@ ARROW_CASES = [
         [dt.datetime(2026, 11, 23, 12, 0, 1, tzinfo=dt.UTC), None, None],
     ),
     ("date", [dt.date(2026, 11, 23), None, "0000-00-00"], [dt.date(2026, 11, 23), None, None]),
+    # As the snapshot's reader gets them: MySQL's text, parsed by Arrow (a zero date among them: no
+    # day, and the column's other values still parsed).
+    (
+        "timestamp",
+        ["2026-11-23 12:00:01", None, "1000-01-01 00:00:00.000001", "9999-12-31 23:59:59.5"],
+        [
+            dt.datetime(2026, 11, 23, 12, 0, 1, tzinfo=dt.UTC),
+            None,
+            dt.datetime(1000, 1, 1, 0, 0, 0, 1, tzinfo=dt.UTC),
+            dt.datetime(9999, 12, 31, 23, 59, 59, 500000, tzinfo=dt.UTC),
+        ],
+    ),
+    (
+        "timestamp",
+        ["2038-01-19 03:14:07.999", "0000-00-00 00:00:00", "2026-00-00 00:00:00"],
+        [dt.datetime(2038, 1, 19, 3, 14, 7, 999000, tzinfo=dt.UTC), None, None],
+    ),
+    ("date", ["9999-12-31", None, "1582-10-04"], [dt.date(9999, 12, 31), None, dt.date(1582, 10, 4)]),
+    ("date", ["2026-11-23", "0000-00-00", "2026-02-00"], [dt.date(2026, 11, 23), None, None]),
     ("double", [1.5, None, 2], [1.5, None, 2.0]),
     ("boolean", [True, False, None], [True, False, None]),
     ("binary", [b"\x00\x01", None, bytearray(b"\xff")], [b"\x00\x01", None, b"\xff"]),

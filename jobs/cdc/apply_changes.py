@@ -14,6 +14,7 @@ from jobs.common.snapshot_progress import with_snapshot_properties
 
 OP_COLUMN = "_cdc_op"
 ARROW_BATCH_ROWS = 10_000  # Spark's spark.sql.execution.arrow.maxRecordsPerBatch default
+LOCAL_RELATION_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
 
 
 def _quote(name: str) -> str:
@@ -60,7 +61,16 @@ def arrow_column(values: list, kind: str):
     try:
         return pa.array(values, arrow)
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
-        return pa.array([to_spark_value(value, kind) for value in values], arrow)
+        pass
+    if kind in ("timestamp", "date"):
+        # MySQL's text, as the snapshot's reader leaves it (`chunk_reader`): Arrow parses the
+        # column at once (UTC wall time, as the server runs in UTC). A zero date fails it.
+        naive = pa.timestamp("us") if kind == "timestamp" else arrow
+        try:
+            return pa.array(values, pa.string()).cast(naive).cast(arrow)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            pass
+    return pa.array([to_spark_value(value, kind) for value in values], arrow)
 
 
 def changes_frame(spark, columns: list[tuple[str, str]], changes: list[RowChange]):
@@ -80,22 +90,41 @@ def arrow_frame(spark, table, schema):
         os.unlink(path)
 
 
-def write_arrow_file(table, path) -> None:
-    """`table` as an Arrow IPC stream file, in batches of the size Spark reads."""
+def write_arrow_file(table, path, batch_rows: int = ARROW_BATCH_ROWS) -> None:
+    """`table` as an Arrow IPC stream file, in batches of `batch_rows` (by default the size Spark
+    reads)."""
     import pyarrow as pa
 
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-        for batch in table.to_batches(max_chunksize=ARROW_BATCH_ROWS):
+        for batch in table.to_batches(max_chunksize=batch_rows):
             writer.write_batch(batch)
 
 
-def arrow_file_frame(spark, path, schema):
-    """A DataFrame of an Arrow IPC stream file (read into the JVM at once: the file may go after)."""
+def arrow_file_frame(spark, path, schema, in_tasks: bool = False):
+    """A DataFrame of an Arrow IPC stream file (read into the JVM at once: the file may go after).
+
+    By default Spark makes small data (under its `localRelationThreshold`, 48 MB) a local relation:
+    rows in the query plan, which suits a MERGE's change batch (known size: a broadcast join). But
+    the optimizer walks such a plan's rows in every rule: 200,000 rows cost seconds of CPU per
+    statement (JFR profile of the 1M-row snapshot: two thirds of the JVM's samples). `in_tasks`
+    makes it an RDD instead, one partition per Arrow batch, decoded by the tasks that write it."""
     from pyspark.sql import DataFrame
 
     utils = spark.sparkContext._jvm.org.apache.spark.sql.api.python.PythonSQLUtils
     batches = utils.readArrowStreamFromFile(str(path))
-    return DataFrame(utils.toDataFrame(batches, schema.json(), spark._jsparkSession), spark)
+    if not in_tasks:
+        return DataFrame(utils.toDataFrame(batches, schema.json(), spark._jsparkSession), spark)
+    # A setting of the whole session, read as the frame is made: set for that moment only (CDC, the
+    # one job making Arrow frames, makes them in one thread).
+    previous = spark.conf.get(LOCAL_RELATION_THRESHOLD, None)
+    spark.conf.set(LOCAL_RELATION_THRESHOLD, "0")
+    try:
+        return DataFrame(utils.toDataFrame(batches, schema.json(), spark._jsparkSession), spark)
+    finally:
+        if previous is None:
+            spark.conf.unset(LOCAL_RELATION_THRESHOLD)
+        else:
+            spark.conf.set(LOCAL_RELATION_THRESHOLD, previous)
 
 
 def merge_statement(

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal
 
+from pymysql.converters import convert_date, convert_datetime
 from pyspark.sql import types as T
 
 _INT_TYPES = {"tinyint", "smallint", "mediumint", "int", "integer"}
@@ -104,6 +105,8 @@ def to_spark_value(value: object, spark_type: str) -> object:
     if value is None:
         return None
     if spark_type == "timestamp":
+        if isinstance(value, str):  # MySQL's text (a zero date stays text: no instant, NULL)
+            value = convert_datetime(value)
         if isinstance(value, dt.datetime):
             # The server runs in UTC; naive values are UTC wall time. Aware -> exact instant in Spark.
             return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value
@@ -123,6 +126,8 @@ def to_spark_value(value: object, spark_type: str) -> object:
     if spark_type in ("float", "double"):
         return float(value)
     if spark_type == "date":
+        if isinstance(value, str):  # MySQL's text
+            value = convert_date(value)
         # A zero date ('0000-00-00', which PyMySQL hands over as text) is no day: NULL.
         return value if isinstance(value, dt.date) else None
     if spark_type == "boolean":

@@ -68,6 +68,7 @@ PROGRESS_KEY = progress_keys.CDC_SNAPSHOT
 STAGING_SUFFIX = "__cdc_snapshot"
 CHUNK_ROWS = 10_000  # one SELECT; small enough that its read view is short on any table
 COMMIT_ROWS = 200_000  # rows per staging commit: what a kill -9 can cost to read again
+TASK_ROWS = 50_000  # at least, per Spark task writing a piece (and so per data file it adds)
 
 
 @dataclass(frozen=True)
@@ -207,12 +208,14 @@ def snapshot_table(
         position = BinlogPosition(*source_db.master_position(conn))
         source_db.write_barrier(conn)  # everything up to `position` is now visible to the reads
         staging = new_staging_table(target)
-        target_table.create_iceberg_table(spark, staging, columns, source.key)
         progress = SnapshotProgress(position, None, 0, 0)
     began = time.monotonic()
-    progress = _copy_chunks(
-        spark, conn, source, staging, progress, chunk_rows, commit_rows, reader_connection, metrics, target
-    )
+    # A reader process starts reading at once: a new staging table is created meanwhile.
+    pieces = piece_frames(spark, conn, source, progress.after, chunk_rows, commit_rows, reader_connection)
+    with contextlib.closing(pieces):
+        if resumable is None:
+            target_table.create_iceberg_table(spark, staging, columns, source.key)
+        progress = _copy_chunks(conn, source, staging, progress, pieces, metrics, target)
     # The reader process read with a connection of its own: this one sat idle for the whole copy,
     # maybe past the server's wait_timeout.
     conn.ping(reconnect=True)
@@ -240,48 +243,42 @@ def drop_finished_staging(spark, target: str, stored: BinlogPosition) -> None:
 
 
 def _copy_chunks(
-    spark,
     conn,
     source: SourceTable,
     staging: str,
     progress: SnapshotProgress,
-    chunk_rows: int,
-    commit_rows: int,
-    reader_connection: dict | None,
+    pieces: Iterator[tuple[DataFrame, Piece]],
     metrics: MetricsSink,
     target: str,
 ) -> SnapshotProgress:
-    """Read the rest of the table after `progress.after` and append it to `staging`, one commit per
-    `commit_rows` rows. With `reader_connection` (connection settings) the rows are read and
-    converted by a process of its own (`chunk_reader`) while this one commits; without, in turn."""
+    """Append the rest of the table after `progress.after` (`pieces`, from `piece_frames`) to
+    `staging`, one commit per piece."""
     estimate = max(source_db.estimated_rows(conn, source), progress.rows)
     began, rows_at_start = time.monotonic(), progress.rows
-    pieces = piece_frames(spark, conn, source, progress.after, chunk_rows, commit_rows, reader_connection)
-    with contextlib.closing(pieces):
+    waited = time.monotonic()
+    for frame, piece in pieces:
+        progress = SnapshotProgress(
+            progress.position, piece.after, progress.rows + piece.rows, progress.chunks + piece.chunks
+        )
+        appending = time.monotonic()
+        _append(staging, frame, progress)
+        crash_point("cdc.snapshot-commit")
+        committed = time.monotonic()
+        metrics.record(
+            BatchMetrics(
+                job="cdc-snapshot",
+                table=target.split(".", 1)[-1],
+                records_in=piece.rows,
+                batch_seconds=committed - waited,
+                commit_seconds=committed - appending,
+            )
+        )
+        log.debug(
+            "snapshot %s: waited %.2f s for %d rows, committed them in %.2f s",
+            source.qualified, appending - waited, piece.rows, committed - appending,
+        )  # fmt: skip
+        _log_progress(source, progress, estimate, began, rows_at_start, piece.done)
         waited = time.monotonic()
-        for frame, piece in pieces:
-            progress = SnapshotProgress(
-                progress.position, piece.after, progress.rows + piece.rows, progress.chunks + piece.chunks
-            )
-            appending = time.monotonic()
-            _append(staging, frame, progress)
-            crash_point("cdc.snapshot-commit")
-            committed = time.monotonic()
-            metrics.record(
-                BatchMetrics(
-                    job="cdc-snapshot",
-                    table=target.split(".", 1)[-1],
-                    records_in=piece.rows,
-                    batch_seconds=committed - waited,
-                    commit_seconds=committed - appending,
-                )
-            )
-            log.debug(
-                "snapshot %s: waited %.2f s for %d rows, committed them in %.2f s",
-                source.qualified, appending - waited, piece.rows, committed - appending,
-            )  # fmt: skip
-            _log_progress(source, progress, estimate, began, rows_at_start, piece.done)
-            waited = time.monotonic()
     return progress
 
 
@@ -296,25 +293,47 @@ def piece_frames(
 ) -> Iterator[tuple[DataFrame, Piece]]:
     """The table's rows after key `after` (None: all), in key order, as one DataFrame per piece of
     about `piece_rows` rows, each already in the JVM. With `reader_connection` (connection settings)
-    a process of its own (`chunk_reader`) reads and converts the next pieces while the caller uses
-    this one; without, `conn` reads them in turn. Empty pieces are skipped. Close the iterator
-    (`contextlib.closing`) to stop the reader early."""
+    a process of its own (`chunk_reader`), started at once, reads and converts the next pieces while
+    the caller uses this one; without, `conn` reads them in turn. Empty pieces are skipped. Close
+    the iterator (`contextlib.closing`): that stops the reader, also before the first piece."""
     if reader_connection is None:
-        for rows, last_key, chunks, done in read_pieces(conn, source, after, chunk_rows, piece_rows):
-            if rows:
-                yield rows_frame(spark, source, rows), Piece("", last_key, len(rows), chunks, done)
-        return
-    schema = frame_schema(source)
+        return _pieces_in_turn(spark, conn, source, after, chunk_rows, piece_rows)
+    # A piece is one task per Arrow batch: as many tasks as cores, but no tiny files.
+    batch_rows = max(TASK_ROWS, -(-piece_rows // spark.sparkContext.defaultParallelism))
     temp_dir = spark.sparkContext._temp_dir
-    reader = ChunkReader(reader_connection, source, after, chunk_rows, piece_rows, temp_dir)
-    try:
-        for piece in reader:
-            frame = arrow_file_frame(spark, piece.path, schema) if piece.rows else None
+    reader = ChunkReader(reader_connection, source, after, chunk_rows, piece_rows, temp_dir, batch_rows)
+    return _ReaderPieces(spark, reader, frame_schema(source))
+
+
+def _pieces_in_turn(spark, conn, source: SourceTable, after, chunk_rows: int, piece_rows: int):
+    for rows, last_key, chunks, done in read_pieces(conn, source, after, chunk_rows, piece_rows):
+        if rows:
+            yield rows_frame(spark, source, rows), Piece("", last_key, len(rows), chunks, done)
+
+
+class _ReaderPieces:
+    """`piece_frames` from a reader process (a class, not a generator: `close` must stop the process
+    even when no piece was taken, and a generator not started runs no `finally`)."""
+
+    def __init__(self, spark, reader: ChunkReader, schema: T.StructType) -> None:
+        self._spark, self._reader, self._schema = spark, reader, schema
+        self._pieces = iter(reader)
+
+    def __iter__(self) -> _ReaderPieces:
+        return self
+
+    def __next__(self) -> tuple[DataFrame, Piece]:
+        for piece in self._pieces:
+            if not piece.rows:
+                os.unlink(piece.path)
+                continue
+            frame = arrow_file_frame(self._spark, piece.path, self._schema, in_tasks=True)
             os.unlink(piece.path)  # in the JVM now; the reader may write the next one
-            if frame is not None:
-                yield frame, piece
-    finally:
-        reader.close()
+            return frame, piece
+        raise StopIteration
+
+    def close(self) -> None:
+        self._reader.close()
 
 
 def _append(staging: str, frame, progress: SnapshotProgress) -> None:

@@ -320,20 +320,29 @@ def read_chunk(
     order, and the last key read (None when the table has no more rows). One statement on its own
     (autocommit): its read view lives only while it runs, it takes no lock, and with the key's index
     it reads only the chunk (a row comparison `(k1, k2) > (…)` is an index range since MySQL 5.7)."""
-    cols = ", ".join(select_expression(c) for c in table.columns)
+    selects = [select_expression(c) for c in table.columns]
     keys = ", ".join(_quoted(k) for k in table.key)
-    by_name = {c.name: c for c in table.columns}
-    continuation = [_continuation(by_name[k]) for k in table.key]
+    position = {c.name: i for i, c in enumerate(table.columns)}
+    continuation = [_continuation(table.columns[position[k]]) for k in table.key]
+    # Each key column as the WHERE compares it: the column as selected when that is the same
+    # expression (most keys), else that expression selected once more after the columns.
+    extra: list[str] = []
+    key_at: list[int] = []
+    for key, (select, _) in zip(table.key, continuation, strict=True):
+        if select == selects[position[key]]:
+            key_at.append(position[key])
+        else:
+            key_at.append(len(selects) + len(extra))
+            extra.append(select)
     where = ""
     args: tuple = ()
     if after is not None:
         where = f"WHERE ({keys}) > ({', '.join(placeholder for _, placeholder in continuation)})"
         args = tuple(_key_argument(v) for v in after)
     with conn.cursor() as cur:
-        # The key columns again, as the WHERE compares them (not as selected for the lake).
         try:
             cur.execute(
-                f"SELECT {cols}, {', '.join(select for select, _ in continuation)} "
+                f"SELECT {', '.join([*selects, *extra])} "
                 f"FROM {_quoted(table.schema)}.{_quoted(table.name)} "
                 f"{where} ORDER BY {keys} LIMIT {int(rows)}",
                 args,
@@ -343,5 +352,8 @@ def read_chunk(
                 raise MissingTable(f"source table {table.qualified} was dropped while read") from None
             raise
         fetched = cur.fetchall()
-    width = len(table.columns)
-    return [row[:width] for row in fetched], (tuple(fetched[-1][width:]) if fetched else None)
+    last = tuple(fetched[-1][i] for i in key_at) if fetched else None
+    if extra:
+        width = len(selects)
+        fetched = [row[:width] for row in fetched]
+    return list(fetched), last
