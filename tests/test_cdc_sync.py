@@ -1307,6 +1307,45 @@ def test_commit_with_unknown_outcome_that_landed_is_not_applied_again(
     assert assert_converged(spark, app_conn, name) == 50
 
 
+def test_a_snapshot_commit_with_unknown_outcome_that_landed_is_not_appended_again(
+    spark, app_conn, make_sync, monkeypatch
+) -> None:
+    """A staging commit is recognised by the progress it stored; the first attempt does not look
+    (no earlier commit can hold it), a retry must, or its rows are in the lake twice."""
+    from pyspark.sql import DataFrame
+
+    from jobs.cdc import snapshot
+
+    name = "cdc_test_unknown_snapshot_commit"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 50)
+    real_write_to = DataFrame.writeTo
+    failures: list[str] = []
+
+    def write_to(frame, table):
+        writer = real_write_to(frame, table)
+        if snapshot.STAGING_SUFFIX in table and not failures:
+            real_append = writer.append
+
+            def lands_then_reports_unknown() -> None:
+                real_append()
+                failures.append(table)
+                raise RuntimeError("org.apache.iceberg.exceptions.CommitStateUnknownException: injected")
+
+            writer.append = lands_then_reports_unknown
+        return writer
+
+    monkeypatch.setattr(DataFrame, "writeTo", write_to)
+    make_sync(pair, chunk_rows=10, commit_rows=20)
+    assert failures, "the injected unknown outcome never happened"
+    assert assert_converged(spark, app_conn, name) == 50  # as multisets: a row twice is a difference
+    stored = spark.sql(
+        f"SELECT summary['{snapshot.PROGRESS_KEY}'] AS p FROM lakehouse.dim_db.{name}.snapshots "
+        f"WHERE summary['{snapshot.PROGRESS_KEY}'] IS NOT NULL"
+    ).collect()
+    assert len(stored) == len({r["p"] for r in stored}) == 3  # 10 rows, then 20 and 20: each once
+
+
 def test_add_column_with_default_or_not_null_backfills_existing_rows(spark, app_conn, make_sync) -> None:
     name = "cdc_test_add_default"
     pair = fresh_test_table(spark, app_conn, name)

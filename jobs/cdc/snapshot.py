@@ -339,12 +339,16 @@ class _ReaderPieces:
 def _append(staging: str, frame, progress: SnapshotProgress) -> None:
     spark = frame.sparkSession
     options = writer_options({PROGRESS_KEY: progress.to_json()})
+    attempts = 0
 
     @retry_commit()
     def commit() -> None:
+        nonlocal attempts
         # A retry after an unknown outcome: the commit is recognised by the progress it stored.
-        if read_progress(spark, staging, PROGRESS_KEY) == progress.to_json():
+        # (Not read before the first attempt: 0.2 s per commit, and no earlier one can hold it.)
+        if attempts and read_progress(spark, staging, PROGRESS_KEY) == progress.to_json():
             return
+        attempts += 1
         frame.writeTo(staging).options(**options).append()
 
     commit()
