@@ -257,3 +257,62 @@ def test_the_childs_errors_become_what_the_sync_handles() -> None:
     assert type(_error({"error": "MissingTable", "message": "t was dropped"})) is source_db.MissingTable
     other = _error({"error": "MemoryError", "message": "MemoryError()"})
     assert isinstance(other, ReaderFailed) and "MemoryError" in str(other)
+
+
+@pytest.mark.parametrize("parts", [2, 3, 7])
+def test_readers_over_split_ranges_read_every_row_once(source, tmp_path, parts) -> None:
+    """Readers side by side, each over a range `split_points` cut: together they hand over the
+    table (rows on the cut points included) once, each range in key order."""
+    from jobs.cdc.snapshot import key_ranges
+
+    conn, settings, table = source
+    with conn.cursor() as cur:  # gaps and a negative key: the ranges are of keys, not of rows
+        cur.execute("DELETE FROM chunk_reader_test WHERE id BETWEEN 200 AND 600")
+        cur.execute("INSERT INTO chunk_reader_test (id, price) VALUES (-50, 1), (100000, 2)")
+        cur.execute("SELECT id, price, note, at FROM chunk_reader_test")
+        expected = Counter((i, p, n, at.replace(tzinfo=dt.UTC)) for i, p, n, at in cur.fetchall())
+    conn.commit()
+    cdc = source_db.connect_with(settings)
+    try:
+        points = source_db.split_points(cdc, table, parts)
+    finally:
+        cdc.close()
+    assert len(points) == parts - 1 and points == sorted(points)
+    got: list[tuple] = []
+    for number, key_range in enumerate(key_ranges(points)):
+        rows, pieces = drain(
+            ChunkReader(
+                settings, table, key_range.after, chunk_rows=50, piece_rows=100,
+                directory=str(tmp_path / str(number)), upto=key_range.upto,
+            )
+        )  # fmt: skip
+        keys = [row[0] for row in rows]
+        assert keys == sorted(keys)
+        assert all(key_range.after is None or k > key_range.after[0] for k in keys)
+        assert all(key_range.upto is None or k <= key_range.upto[0] for k in keys)
+        assert pieces[-1][3] is True
+        got += rows
+    assert Counter(got) == expected
+
+
+def test_only_a_key_of_one_integer_column_is_split(source) -> None:
+    conn, settings, table = source
+    cdc = source_db.connect_with(settings)
+    try:
+        assert source_db.split_points(cdc, table, 1) == []
+        assert source_db.split_points(cdc, table, 4) == [(252,), (503,), (754,)]  # keys 1..1005
+        rows = [(f"k{i}", i, i) for i in range(50)]
+        with keyed_table(
+            source, "chunk_reader_text_key", "k VARCHAR(8) PRIMARY KEY, a INT, b INT", rows
+        ) as text:
+            assert source_db.split_points(cdc, text, 4) == []
+        with keyed_table(
+            source, "chunk_reader_pair_key", "k VARCHAR(8), a INT, b INT, PRIMARY KEY (a, b)", rows
+        ) as pair:
+            assert source_db.split_points(cdc, pair, 4) == []
+        with keyed_table(
+            source, "chunk_reader_narrow", "k VARCHAR(8), a INT PRIMARY KEY, b INT", rows[:3]
+        ) as narrow:
+            assert source_db.split_points(cdc, narrow, 4) == []  # keys 0..2: fewer than 4 apart
+    finally:
+        cdc.close()

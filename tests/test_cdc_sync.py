@@ -586,6 +586,21 @@ def reader_processes() -> list[str]:
     return found
 
 
+def record_chunk_starts(monkeypatch) -> list[tuple]:
+    """(after, upto) of every chunk a snapshot in this process reads from now on."""
+    from jobs.cdc import snapshot
+
+    starts: list[tuple] = []
+    real_read_chunk = snapshot.source_db.read_chunk
+
+    def recording(conn, table, after, rows, upto=None):
+        starts.append((after, upto))
+        return real_read_chunk(conn, table, after, rows, upto)
+
+    monkeypatch.setattr(snapshot.source_db, "read_chunk", recording)
+    return starts
+
+
 def test_kill_9_mid_snapshot_resumes_after_the_last_chunk_committed(
     spark, app_conn, local_stack, secrets, make_sync, monkeypatch
 ) -> None:
@@ -627,25 +642,105 @@ def test_kill_9_mid_snapshot_resumes_after_the_last_chunk_committed(
         )
         assert (stored.rows, stored.chunks) == (5_000, 5)  # a first piece of one chunk, then 2 of 2
         assert not spark.catalog.tableExists(f"lakehouse.dim_db.{name}")  # nothing published yet
-        starts: list = []
-        real_read_chunk = snapshot.source_db.read_chunk
-
-        def recording(conn, table, after, rows):
-            starts.append(after)
-            return real_read_chunk(conn, table, after, rows)
-
-        monkeypatch.setattr(snapshot.source_db, "read_chunk", recording)
+        starts = record_chunk_starts(monkeypatch)
         sync = make_sync(pair, chunk_rows=1_000, commit_rows=2_000, reads_in_process=True)
     finally:
         stop.set()
         writer.join()
     # Resumed after the last committed key, with the position stored before the kill.
-    assert starts[0] == stored.after
+    assert starts[0] == (stored.ranges[0].after, None)
     assert len(starts) <= 8  # about 6,000 rows left (plus what the writer inserted), not 12,000
     assert stored_position(spark, f"lakehouse.dim_db.{name}") == stored.position
     assert snapshot.staging_tables(spark, f"lakehouse.dim_db.{name}") == []  # it became the table
     catch_up(sync)
     assert_converged(spark, app_conn, name)
+
+
+def test_two_readers_killed_mid_snapshot_resume_each_range_under_writes(
+    spark, app_conn, local_stack, secrets, make_sync, monkeypatch
+) -> None:
+    """`--snapshot-readers 2`: two ranges of an integer key read side by side, every commit storing
+    both ranges' last keys; after a kill -9 each range resumes after its own, and the lake ends
+    equal to the source (as multisets) though writes went on all along."""
+    from jobs.cdc import snapshot
+    from lakehouse.local.mariadb import APP_USER
+
+    name = "cdc_test_two_readers"
+    with app_conn.cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS {name}")
+        cur.execute(f"CREATE TABLE {name} (id INT PRIMARY KEY, v INT NOT NULL, note VARCHAR(16))")
+        cur.executemany(f"INSERT INTO {name} VALUES (%s, %s, %s)", [(i, i, f"n{i}") for i in range(1, 8001)])
+        cur.execute(f"ANALYZE TABLE {name}")  # the row estimate that lets the snapshot split the keys
+        cur.fetchall()
+    app_conn.commit()
+    spark.sql(f"DROP TABLE IF EXISTS lakehouse.dim_db.{name}")
+    pair = f"user_db.{name}=dim_db.{name}"
+    stop = threading.Event()
+
+    def churn() -> None:  # in both ranges, before, during and after the kill
+        conn = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
+        rng = random.Random(11)
+        upsert = f"INSERT INTO {name} VALUES (%s, 0, 'new') ON DUPLICATE KEY UPDATE note = 'x'"
+        try:
+            while not stop.is_set():
+                with conn.cursor() as cur:
+                    for _ in range(20):
+                        key = rng.randint(-10, 8200)
+                        kind = rng.random()
+                        if kind < 0.5:
+                            cur.execute(f"UPDATE {name} SET v = v + 1 WHERE id = %s", (key,))
+                        elif kind < 0.75:
+                            cur.execute(f"DELETE FROM {name} WHERE id = %s", (key,))
+                        else:
+                            cur.execute(upsert, (key,))
+                conn.commit()
+                time.sleep(0.02)
+        finally:
+            conn.close()
+
+    def lake_and_source() -> tuple[Counter, Counter]:
+        with app_conn.cursor() as cur:
+            cur.execute(f"SELECT id, v, note FROM user_db.{name}")
+            source = Counter(cur.fetchall())
+        app_conn.commit()
+        lake = Counter(
+            tuple(r) for r in spark.sql(f"SELECT id, v, note FROM lakehouse.dim_db.{name}").collect()
+        )
+        return source, lake
+
+    writer = threading.Thread(target=churn)
+    writer.start()
+    try:
+        job = subprocess.run(
+            [LAKEHOUSE_BIN, "run", "cdc", "--until-idle", "--table", pair, "--server-id", "5097",
+             "--snapshot-readers", "2", "--snapshot-chunk-rows", "500", "--snapshot-commit-rows", "1000"],
+            env={**os.environ, "LAKEHOUSE_CRASH_AT": "cdc.snapshot-commit:8"},
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert job.returncode == -signal.SIGKILL, job.stderr[-3000:]
+        [staging] = snapshot.staging_tables(spark, f"lakehouse.dim_db.{name}")
+        stored = snapshot.SnapshotProgress.from_json(
+            snapshot.read_progress(spark, staging, snapshot.PROGRESS_KEY)
+        )
+        # Each range has 4,000 rows or so, at most 6 pieces: by the 8th commit both had 2 or more.
+        [first, second] = stored.ranges
+        assert first.after is not None and second.after > first.upto, stored
+        assert stored.rows == spark.table(staging).count()
+        starts = record_chunk_starts(monkeypatch)
+        sync = make_sync(pair, chunk_rows=500, commit_rows=1_000, reads_in_process=True)
+    finally:
+        stop.set()
+        writer.join()
+    # Each range not done went on after its own last committed key (in this process: the ranges
+    # in turn); a range done was not read again. The position is the one stored before the kill.
+    resumed = [(r.after, r.upto) for r in stored.ranges if not r.done]
+    assert resumed, stored  # the kill came before the end
+    assert starts[0] == resumed[0] and all(r in starts for r in resumed)
+    assert not any(upto == r.upto for _, upto in starts for r in stored.ranges if r.done)
+    assert stored_position(spark, f"lakehouse.dim_db.{name}") == stored.position
+    catch_up(sync)
+    source, lake = lake_and_source()
+    assert lake == source
 
 
 def test_kill_9_mid_stream_then_restart_converges(spark, app_conn, local_stack, secrets, make_sync) -> None:
@@ -816,9 +911,9 @@ def test_whole_database_sync_follows_new_tables_and_stops_only_a_table_without_a
     chunks_of: list[str] = []
     real_read_chunk = snapshot.source_db.read_chunk
 
-    def recording(conn, table, after, rows):
+    def recording(conn, table, after, rows, upto=None):
         chunks_of.append(table.name)
-        return real_read_chunk(conn, table, after, rows)
+        return real_read_chunk(conn, table, after, rows, upto)
 
     monkeypatch.setattr(snapshot.source_db, "read_chunk", recording)
     again = make_sync(include=(f"user_db.{p}_*",), exclude=(f"user_db.{p}_skip*",), reads_in_process=True)
@@ -1427,7 +1522,7 @@ def test_a_write_to_rows_already_read_is_not_lost(
     real_read_chunk = snapshot.source_db.read_chunk
     writes: list[tuple] = []
 
-    def write_behind_the_reads(conn, table, after, rows):
+    def write_behind_the_reads(conn, table, after, rows, upto=None):
         if after is not None and not writes:  # the second read: the first chunk is read
             writes.append(after)
             writer = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
@@ -1439,7 +1534,7 @@ def test_a_write_to_rows_already_read_is_not_lost(
                 writer.commit()
             finally:
                 writer.close()
-        return real_read_chunk(conn, table, after, rows)
+        return real_read_chunk(conn, table, after, rows, upto)
 
     monkeypatch.setattr(snapshot.source_db, "read_chunk", write_behind_the_reads)
     sync = make_sync(pair, chunk_rows=20, reads_in_process=True)

@@ -6,6 +6,7 @@ What the MERGE does to a real table is tested in test_cdc_sync.py
 from __future__ import annotations
 
 import datetime as dt
+import json
 from decimal import Decimal
 
 import pytest
@@ -569,7 +570,7 @@ def test_mysql_needs_commits_visible_in_binlog_order_for_the_snapshot_barrier() 
 def test_snapshot_progress_keys_round_trip_as_the_values_they_were() -> None:
     """A resumed snapshot continues after the stored key; MySQL must compare it as the first run
     did (a decimal as text is compared as a double, a TIME as `str(timedelta)` does not parse)."""
-    from jobs.cdc.snapshot import SnapshotProgress
+    from jobs.cdc.snapshot import WHOLE_TABLE, KeyRange, SnapshotProgress
 
     position = BinlogPosition("mysql-bin.000003", 4711, "0-1-42")
     after = (
@@ -582,11 +583,20 @@ def test_snapshot_progress_keys_round_trip_as_the_values_they_were() -> None:
         b"\x00\xff",
         None,
     )
-    progress = SnapshotProgress(position, after, 20_000, 20)
+    upto = (8, "k", Decimal("1E+21"), dt.datetime(2027, 1, 1), dt.date(2027, 1, 1), dt.timedelta(0), b"", 0)
+    ranges = (KeyRange(after, upto), KeyRange(upto, None, done=True))
+    progress = SnapshotProgress(position, ranges, 20_000, 20)
     back = SnapshotProgress.from_json(progress.to_json())
     assert back.position == position and (back.rows, back.chunks) == (20_000, 20)
-    assert back.after == after and [type(v) for v in back.after] == [type(v) for v in after]
-    assert SnapshotProgress.from_json(SnapshotProgress(position, None, 0, 0).to_json()).after is None
+    assert back.ranges == ranges
+    assert [type(v) for v in back.ranges[0].after] == [type(v) for v in after]
+    assert [type(v) for v in back.ranges[1].after] == [type(v) for v in upto]
+    assert SnapshotProgress.from_json(SnapshotProgress(position, WHOLE_TABLE, 0, 0).to_json()).ranges == (
+        KeyRange(None, None, False),
+    )
+    # An earlier version's progress: one last key, the whole table left after it.
+    earlier = json.dumps({"position": json.loads(position.to_json()), "after": [7], "rows": 5, "chunks": 1})
+    assert SnapshotProgress.from_json(earlier).ranges == (KeyRange((7,), None, False),)
     # Progress an earlier version stored as text still reads, marked: such a snapshot starts over.
     legacy = keys_from_json([{"text": "1.2500"}, {"hex": "00ff"}])
     assert legacy == ("1.2500", b"\x00\xff") and isinstance(legacy[0], StoredAsText)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from jobs.cdc.schema_policy import DEFAULT_POLICY, POLICIES
-from jobs.cdc.snapshot import CHUNK_ROWS, COMMIT_ROWS
+from jobs.cdc.snapshot import CHUNK_ROWS, COMMIT_ROWS, READERS
 from jobs.cdc.sync import PROGRESS_SECONDS, CdcSync, run_sync
 from jobs.cdc.table_selection import DEFAULT_NAMESPACE, TableSelection
 from jobs.common.job_args import (
@@ -35,6 +35,7 @@ class CdcArgs:
     snapshot_chunk_rows: int = CHUNK_ROWS
     snapshot_commit_rows: int = COMMIT_ROWS
     schema_changes: str = DEFAULT_POLICY
+    snapshot_readers: int = READERS
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, CdcArgs]:
@@ -100,6 +101,14 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, CdcArgs]:
         f"(default {COMMIT_ROWS:,})",
     )
     parser.add_argument(
+        "--snapshot-readers",
+        type=int,
+        default=READERS,
+        metavar="N",
+        help="reader processes per snapshot, each over a range of keys, for a table whose key is one "
+        f"integer column and that has --snapshot-commit-rows rows per reader (default {READERS})",
+    )
+    parser.add_argument(
         "--schema-changes",
         choices=POLICIES,
         default=DEFAULT_POLICY,
@@ -108,8 +117,8 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, CdcArgs]:
         f"{DEFAULT_POLICY}",
     )
     args = parser.parse_args(list(argv))
-    if args.snapshot_chunk_rows < 1 or args.snapshot_commit_rows < 1:
-        parser.error("--snapshot-chunk-rows and --snapshot-commit-rows must be >= 1")
+    if min(args.snapshot_chunk_rows, args.snapshot_commit_rows, args.snapshot_readers) < 1:
+        parser.error("--snapshot-chunk-rows, --snapshot-commit-rows and --snapshot-readers must be >= 1")
     return args, CdcArgs(
         tuple(args.table),
         tuple(args.include),
@@ -122,6 +131,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, CdcArgs]:
         args.snapshot_chunk_rows,
         args.snapshot_commit_rows,
         args.schema_changes,
+        args.snapshot_readers,
     )
 
 
@@ -150,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         snapshot_chunk_rows=args.snapshot_chunk_rows,
         snapshot_commit_rows=args.snapshot_commit_rows,
         schema_changes=args.schema_changes,
+        snapshot_readers=args.snapshot_readers,
     )
     try:
         return run_sync(sync, args.mode, stop)

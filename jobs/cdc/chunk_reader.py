@@ -7,11 +7,11 @@ py4j, and the snapshot copied at 0.28x the speed of a bare `SELECT *`. The child
 IPC stream file; the driver hands each file to the JVM and commits it while the child reads on.
 
 Protocol (`python -m jobs.cdc.chunk_reader`): one JSON request on stdin (connection settings, the
-table as described by the driver, where to start, sizes (of a piece, of a chunk, of an Arrow batch),
-the directory for the files); one JSON line
-per piece on stdout (`path`, `after` = its last key, `rows`, `chunks`, `done`), or one `error` line
-and exit status 1. The child writes ahead of the driver by at most `READ_AHEAD` files, and exits
-when the driver is gone (a kill -9 leaves no reader behind).
+table as described by the driver, the key range (after a key, up to a key), sizes (of a piece, of a
+chunk, of an Arrow batch), the directory for the files); one JSON line per piece on stdout (`path`,
+`after` = its last key, `rows`, `chunks`, `done`), or one `error` line and exit status 1. The
+child writes ahead of the driver by at most `READ_AHEAD` files, and exits when the driver is gone
+(a kill -9 leaves no reader behind). A snapshot may run several, each over a range of keys.
 """
 
 from __future__ import annotations
@@ -118,17 +118,23 @@ def rows_table(source: SourceTable, rows: list[tuple]):
 
 
 def read_pieces(
-    conn, source: SourceTable, after: tuple | None, chunk_rows: int, piece_rows: int
+    conn,
+    source: SourceTable,
+    after: tuple | None,
+    chunk_rows: int,
+    piece_rows: int,
+    upto: tuple | None = None,
 ) -> Iterator[tuple[list[tuple], tuple | None, int, bool]]:
-    """(rows, last key, chunks, done) per piece of about `piece_rows` rows, in key order. The first
-    piece is one chunk: the driver's first commit (seconds of JVM warm-up) then overlaps with
-    reading the second piece instead of waiting for a whole one."""
+    """(rows, last key, chunks, done) per piece of about `piece_rows` rows, in key order, after key
+    `after` and up to key `upto` included (None: no bound). The first piece is one chunk: the
+    driver's first commit (seconds of JVM warm-up) then overlaps with reading the second piece
+    instead of waiting for a whole one."""
     pending: list[tuple] = []
     chunks = 0
     wanted = chunk_rows
     while True:
         pause_point(f"cdc.snapshot-chunk.{source.name}")
-        rows, last = source_db.read_chunk(conn, source, after, chunk_rows)
+        rows, last = source_db.read_chunk(conn, source, after, chunk_rows, upto)
         pending += rows
         chunks += 1
         after = last if last is not None else after
@@ -155,6 +161,7 @@ class ChunkReader:
         piece_rows: int,
         directory: str,
         batch_rows: int = ARROW_BATCH_ROWS,
+        upto: tuple | None = None,
     ) -> None:
         self.directory = Path(directory) / f"cdc-snapshot-{uuid.uuid4().hex[:8]}"
         self.directory.mkdir(parents=True)
@@ -162,6 +169,7 @@ class ChunkReader:
             "connection": connection,
             "source": asdict(source),
             "after": keys_to_json(after),
+            "upto": keys_to_json(upto),
             "chunk_rows": chunk_rows,
             "piece_rows": piece_rows,
             "batch_rows": batch_rows,
@@ -259,7 +267,9 @@ def main() -> int:
     directory = Path(request["directory"])
     try:
         conn = source_db.connect_with({**request["connection"], "conv": ARROW_PARSED_CONVERSIONS})
-        pieces = read_pieces(conn, source, after, request["chunk_rows"], request["piece_rows"])
+        pieces = read_pieces(
+            conn, source, after, request["chunk_rows"], request["piece_rows"], keys_from_json(request["upto"])
+        )
         for number, (rows, last, chunks, done) in enumerate(pieces):
             while len(list(directory.glob("*.arrow"))) >= READ_AHEAD:  # the driver is behind
                 if _parent_gone(parent):

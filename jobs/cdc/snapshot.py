@@ -33,10 +33,12 @@ import contextlib
 import json
 import logging
 import os
+import queue
+import threading
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -69,20 +71,54 @@ STAGING_SUFFIX = "__cdc_snapshot"
 CHUNK_ROWS = 10_000  # one SELECT; small enough that its read view is short on any table
 COMMIT_ROWS = 200_000  # rows per staging commit: what a kill -9 can cost to read again
 TASK_ROWS = 50_000  # at least, per Spark task writing a piece (and so per data file it adds)
+READERS = 2  # reader processes side by side: 1.5x one on 2 cores (`python -m bench cdc_snapshot`)
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    """The keys one reader reads: after key `after`, up to key `upto` included (None: unbounded).
+    In a snapshot's progress, `after` is the last key committed and `done` says nothing is left."""
+
+    after: tuple | None = None
+    upto: tuple | None = None
+    done: bool = False
+
+    def to_json(self) -> dict:
+        return {"after": keys_to_json(self.after), "upto": keys_to_json(self.upto), "done": self.done}
+
+    @classmethod
+    def from_json(cls, data: dict) -> KeyRange:
+        return cls(keys_from_json(data["after"]), keys_from_json(data.get("upto")), data.get("done", False))
+
+
+WHOLE_TABLE = (KeyRange(),)
+
+
+def key_ranges(points: list[tuple]) -> tuple[KeyRange, ...]:
+    """The ranges that `points` (ascending keys) cut the table into: (None, p1], (p1, p2], …"""
+    bounds = [None, *points, None]
+    return tuple(KeyRange(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1))
 
 
 @dataclass(frozen=True)
 class SnapshotProgress:
     position: BinlogPosition  # B: the table is stored at it once the snapshot is done
-    after: tuple | None  # the last key committed to the staging table
+    ranges: tuple[KeyRange, ...]  # each reader's range, after its last key committed to staging
     rows: int
     chunks: int
+
+    def advanced(self, index: int, piece: Piece) -> SnapshotProgress:
+        """This progress once `piece` of range `index` is committed."""
+        ranges = list(self.ranges)
+        ranges[index] = replace(ranges[index], after=piece.after, done=piece.done)
+        rows, chunks = self.rows + piece.rows, self.chunks + piece.chunks
+        return SnapshotProgress(self.position, tuple(ranges), rows, chunks)
 
     def to_json(self) -> str:
         return json.dumps(
             {
                 "position": json.loads(self.position.to_json()),
-                "after": keys_to_json(self.after),
+                "ranges": [r.to_json() for r in self.ranges],
                 "rows": self.rows,
                 "chunks": self.chunks,
             }
@@ -91,9 +127,11 @@ class SnapshotProgress:
     @classmethod
     def from_json(cls, text: str) -> SnapshotProgress:
         data = json.loads(text)
+        # An earlier version stored one last key (`after`): one range, the whole table.
+        ranges = data["ranges"] if "ranges" in data else [{"after": data["after"]}]
         return cls(
             BinlogPosition.from_json(json.dumps(data["position"])),
-            keys_from_json(data["after"]),
+            tuple(KeyRange.from_json(r) for r in ranges),
             data["rows"],
             data["chunks"],
         )
@@ -150,7 +188,11 @@ def _resumable(spark, target: str, source: SourceTable, binlog_alive) -> tuple[s
             else "the source table's columns changed since"
             if not schema_matches(spark, staging, source)
             else "an earlier version stored its last key as text, which MySQL may compare inexactly"
-            if any(isinstance(v, StoredAsText) for v in progress.after or ())
+            if any(
+                isinstance(v, StoredAsText)
+                for r in progress.ranges
+                for v in (*(r.after or ()), *(r.upto or ()))
+            )
             else binlog_alive(progress.position)
         )
         if problem is None:
@@ -183,15 +225,19 @@ def snapshot_table(
     resume: bool = True,
     reader_connection: dict | None = None,
     metrics: MetricsSink = NO_METRICS,
+    readers: int = READERS,
 ) -> SnapshotResult:
     """Load the source table into `target`; returns the position stored with it (B).
 
     `binlog_alive(position)` says why the source can no longer replay from `position` (None: it can);
     an interrupted snapshot resumes only from a position the source still has. `resume=False` (a
     re-snapshot while the binlog reader is already past older positions) always starts afresh.
-    `reader_connection`: the source's connection settings, for reading in a process of its own.
-    `metrics` gets each commit's rows and seconds (job `cdc-snapshot`): a long snapshot's rate on
-    the dashboard, not only in the log."""
+    `reader_connection`: the source's connection settings, for reading in processes of their own.
+    `readers`: ranges of keys read side by side, when the key is one integer column
+    (`source_db.split_points`) and the table has a commit's rows per range (InnoDB's estimate); a
+    resumed snapshot keeps the ranges it had. `metrics` gets each
+    commit's rows and seconds (job `cdc-snapshot`): a long snapshot's rate on the dashboard, not
+    only in the log."""
     source = source_db.describe_table(conn, source_schema, source_name)
     columns = [(c.name, c.spark_type) for c in source.columns]  # UnsupportedType before any write
     if not resume:
@@ -208,10 +254,12 @@ def snapshot_table(
         position = BinlogPosition(*source_db.master_position(conn))
         source_db.write_barrier(conn)  # everything up to `position` is now visible to the reads
         staging = new_staging_table(target)
-        progress = SnapshotProgress(position, None, 0, 0)
+        # A reader per range, and at least a commit's rows per range (a small table: one reader).
+        parts = min(readers, source_db.estimated_rows(conn, source) // commit_rows)
+        progress = SnapshotProgress(position, key_ranges(source_db.split_points(conn, source, parts)), 0, 0)
     began = time.monotonic()
-    # A reader process starts reading at once: a new staging table is created meanwhile.
-    pieces = piece_frames(spark, conn, source, progress.after, chunk_rows, commit_rows, reader_connection)
+    # Reader processes start reading at once: a new staging table is created meanwhile.
+    pieces = piece_frames(spark, conn, source, progress.ranges, chunk_rows, commit_rows, reader_connection)
     with contextlib.closing(pieces):
         if resumable is None:
             target_table.create_iceberg_table(spark, staging, columns, source.key)
@@ -247,19 +295,17 @@ def _copy_chunks(
     source: SourceTable,
     staging: str,
     progress: SnapshotProgress,
-    pieces: Iterator[tuple[DataFrame, Piece]],
+    pieces: Iterator[tuple[DataFrame, Piece, int]],
     metrics: MetricsSink,
     target: str,
 ) -> SnapshotProgress:
-    """Append the rest of the table after `progress.after` (`pieces`, from `piece_frames`) to
-    `staging`, one commit per piece."""
+    """Append the rest of the table (`pieces` of `progress.ranges`, from `piece_frames`) to
+    `staging`, one commit per piece, each storing every range's last key."""
     estimate = max(source_db.estimated_rows(conn, source), progress.rows)
     began, rows_at_start = time.monotonic(), progress.rows
     waited = time.monotonic()
-    for frame, piece in pieces:
-        progress = SnapshotProgress(
-            progress.position, piece.after, progress.rows + piece.rows, progress.chunks + piece.chunks
-        )
+    for frame, piece, index in pieces:
+        progress = progress.advanced(index, piece)
         appending = time.monotonic()
         _append(staging, frame, progress)
         crash_point("cdc.snapshot-commit")
@@ -277,7 +323,8 @@ def _copy_chunks(
             "snapshot %s: waited %.2f s for %d rows, committed them in %.2f s",
             source.qualified, appending - waited, piece.rows, committed - appending,
         )  # fmt: skip
-        _log_progress(source, progress, estimate, began, rows_at_start, piece.done)
+        done = all(r.done for r in progress.ranges)
+        _log_progress(source, progress, estimate, began, rows_at_start, done)
         waited = time.monotonic()
     return progress
 
@@ -286,54 +333,90 @@ def piece_frames(
     spark,
     conn,
     source: SourceTable,
-    after: tuple | None,
+    ranges: Sequence[KeyRange],
     chunk_rows: int,
     piece_rows: int,
     reader_connection: dict | None,
-) -> Iterator[tuple[DataFrame, Piece]]:
-    """The table's rows after key `after` (None: all), in key order, as one DataFrame per piece of
-    about `piece_rows` rows, each already in the JVM. With `reader_connection` (connection settings)
-    a process of its own (`chunk_reader`), started at once, reads and converts the next pieces while
-    the caller uses this one; without, `conn` reads them in turn. Empty pieces are skipped. Close
-    the iterator (`contextlib.closing`): that stops the reader, also before the first piece."""
+) -> Iterator[tuple[DataFrame, Piece, int]]:
+    """The rows of the key `ranges` not done, as (DataFrame, piece, index of its range): one
+    DataFrame per piece of about `piece_rows` rows, each already in the JVM, a range's pieces in key
+    order. With `reader_connection` (connection settings) a process per range (`chunk_reader`),
+    started at once, reads and converts the next pieces while the caller uses this one, pieces
+    coming as they are ready; without, `conn` reads the ranges in turn. Empty pieces are skipped.
+    Close the iterator (`contextlib.closing`): that stops the readers, also before the first piece."""
+    todo = [(index, key_range) for index, key_range in enumerate(ranges) if not key_range.done]
     if reader_connection is None:
-        return _pieces_in_turn(spark, conn, source, after, chunk_rows, piece_rows)
+        return _pieces_in_turn(spark, conn, source, todo, chunk_rows, piece_rows)
     # A piece is one task per Arrow batch: as many tasks as cores, but no tiny files.
     batch_rows = max(TASK_ROWS, -(-piece_rows // spark.sparkContext.defaultParallelism))
     temp_dir = spark.sparkContext._temp_dir
-    reader = ChunkReader(reader_connection, source, after, chunk_rows, piece_rows, temp_dir, batch_rows)
-    return _ReaderPieces(spark, reader, frame_schema(source))
+    readers: list[tuple[int, ChunkReader]] = []
+    try:
+        for index, key_range in todo:
+            reader = ChunkReader(
+                reader_connection, source, key_range.after, chunk_rows, piece_rows, temp_dir, batch_rows,
+                key_range.upto,
+            )  # fmt: skip
+            readers.append((index, reader))
+    except BaseException:
+        for _, reader in readers:
+            reader.close()
+        raise
+    return _ReaderPieces(spark, readers, frame_schema(source))
 
 
-def _pieces_in_turn(spark, conn, source: SourceTable, after, chunk_rows: int, piece_rows: int):
-    for rows, last_key, chunks, done in read_pieces(conn, source, after, chunk_rows, piece_rows):
-        if rows:
-            yield rows_frame(spark, source, rows), Piece("", last_key, len(rows), chunks, done)
+def _pieces_in_turn(spark, conn, source: SourceTable, todo, chunk_rows: int, piece_rows: int):
+    for index, key_range in todo:
+        pieces = read_pieces(conn, source, key_range.after, chunk_rows, piece_rows, key_range.upto)
+        for rows, last_key, chunks, done in pieces:
+            if rows:
+                yield rows_frame(spark, source, rows), Piece("", last_key, len(rows), chunks, done), index
 
 
 class _ReaderPieces:
-    """`piece_frames` from a reader process (a class, not a generator: `close` must stop the process
-    even when no piece was taken, and a generator not started runs no `finally`)."""
+    """`piece_frames` from reader processes, a thread each passing its pieces on as they come (a
+    class, not a generator: `close` must stop the processes even when no piece was taken, and a
+    generator not started runs no `finally`)."""
 
-    def __init__(self, spark, reader: ChunkReader, schema: T.StructType) -> None:
-        self._spark, self._reader, self._schema = spark, reader, schema
-        self._pieces = iter(reader)
+    def __init__(self, spark, readers: list[tuple[int, ChunkReader]], schema: T.StructType) -> None:
+        self._spark, self._schema = spark, schema
+        self._readers = [reader for _, reader in readers]
+        self._arrived: queue.Queue = queue.Queue()
+        self._reading = len(readers)
+        for index, reader in readers:
+            threading.Thread(target=self._pass_on, args=(index, reader), daemon=True).start()
+
+    def _pass_on(self, index: int, reader: ChunkReader) -> None:
+        try:
+            for piece in reader:
+                self._arrived.put((index, piece, None))
+        except BaseException as exc:  # noqa: BLE001 - raised in the driver's thread
+            self._arrived.put((index, None, exc))
+        else:
+            self._arrived.put((index, None, None))  # the range is read
 
     def __iter__(self) -> _ReaderPieces:
         return self
 
-    def __next__(self) -> tuple[DataFrame, Piece]:
-        for piece in self._pieces:
+    def __next__(self) -> tuple[DataFrame, Piece, int]:
+        while self._reading:
+            index, piece, error = self._arrived.get()
+            if error is not None:
+                raise error
+            if piece is None:
+                self._reading -= 1
+                continue
             if not piece.rows:
                 os.unlink(piece.path)
                 continue
             frame = arrow_file_frame(self._spark, piece.path, self._schema, in_tasks=True)
-            os.unlink(piece.path)  # in the JVM now; the reader may write the next one
-            return frame, piece
+            os.unlink(piece.path)  # in the JVM now; its reader may write the next one
+            return frame, piece, index
         raise StopIteration
 
     def close(self) -> None:
-        self._reader.close()
+        for reader in self._readers:
+            reader.close()
 
 
 def _append(staging: str, frame, progress: SnapshotProgress) -> None:

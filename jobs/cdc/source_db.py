@@ -313,13 +313,36 @@ def _key_argument(value: object) -> object:
     return value
 
 
+INTEGER_TYPES = ("tinyint", "smallint", "mediumint", "int", "integer", "bigint")
+
+
+def split_points(conn: pymysql.Connection, table: SourceTable, parts: int) -> list[tuple]:
+    """Keys that cut the table's key range into up to `parts` ranges of equal width, for readers
+    reading side by side: the ranges are (None, p1], (p1, p2], …, (pn, None). Only a key of one
+    integer column has a width (MIN and MAX come from the index's ends); any other key, or a range
+    narrower than `parts`, is one range (no points)."""
+    if parts < 2 or len(table.key) != 1:
+        return []
+    column = next(c for c in table.columns if c.name == table.key[0])
+    if column.base_type not in INTEGER_TYPES:
+        return []
+    key = _quoted(column.name)
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT MIN({key}), MAX({key}) FROM {_quoted(table.schema)}.{_quoted(table.name)}")
+        low, high = cur.fetchone()
+    if low is None or high - low < parts:
+        return []
+    return [(low + (high - low) * i // parts,) for i in range(1, parts)]
+
+
 def read_chunk(
-    conn: pymysql.Connection, table: SourceTable, after: tuple | None, rows: int
+    conn: pymysql.Connection, table: SourceTable, after: tuple | None, rows: int, upto: tuple | None = None
 ) -> tuple[list[tuple], tuple | None]:
-    """The next `rows` rows by primary key after the key `after` (None: from the start), in column
-    order, and the last key read (None when the table has no more rows). One statement on its own
-    (autocommit): its read view lives only while it runs, it takes no lock, and with the key's index
-    it reads only the chunk (a row comparison `(k1, k2) > (…)` is an index range since MySQL 5.7)."""
+    """The next `rows` rows by primary key after the key `after` (None: from the start) and up to
+    the key `upto` included (None: to the end), in column order, and the last key read (None when
+    the range has no more rows). One statement on its own (autocommit): its read view lives only
+    while it runs, it takes no lock, and with the key's index it reads only the chunk (a row
+    comparison `(k1, k2) > (…)` is an index range since MySQL 5.7)."""
     selects = [select_expression(c) for c in table.columns]
     keys = ", ".join(_quoted(k) for k in table.key)
     position = {c.name: i for i, c in enumerate(table.columns)}
@@ -334,18 +357,22 @@ def read_chunk(
         else:
             key_at.append(len(selects) + len(extra))
             extra.append(select)
-    where = ""
-    args: tuple = ()
+    placeholders = ", ".join(placeholder for _, placeholder in continuation)
+    conditions, args = [], []
     if after is not None:
-        where = f"WHERE ({keys}) > ({', '.join(placeholder for _, placeholder in continuation)})"
-        args = tuple(_key_argument(v) for v in after)
+        conditions.append(f"({keys}) > ({placeholders})")
+        args += [_key_argument(v) for v in after]
+    if upto is not None:
+        conditions.append(f"({keys}) <= ({placeholders})")
+        args += [_key_argument(v) for v in upto]
+    where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
     with conn.cursor() as cur:
         try:
             cur.execute(
                 f"SELECT {', '.join([*selects, *extra])} "
                 f"FROM {_quoted(table.schema)}.{_quoted(table.name)} "
                 f"{where} ORDER BY {keys} LIMIT {int(rows)}",
-                args,
+                tuple(args),
             )
         except pymysql.err.ProgrammingError as exc:
             if exc.args and exc.args[0] == NO_SUCH_TABLE:  # dropped while it was being read

@@ -124,6 +124,7 @@ class CdcSync(StreamingJob):
         snapshot_commit_rows: int = snapshot.COMMIT_ROWS,
         schema_changes: str = schema_policy.DEFAULT_POLICY,
         snapshot_reader_process: bool = True,
+        snapshot_readers: int = snapshot.READERS,
     ) -> None:
         self.spark = spark
         self.config = config
@@ -146,6 +147,7 @@ class CdcSync(StreamingJob):
         # False reads the snapshot's chunks in this process, in turn with the commits (slower; for
         # tests that hook the reads).
         self.snapshot_reader_process = snapshot_reader_process
+        self.snapshot_readers = snapshot_readers  # ranges of keys read side by side
         if schema_changes not in schema_policy.POLICIES:
             raise ConfigError(
                 f"--schema-changes {schema_changes!r}: choose from {', '.join(schema_policy.POLICIES)}"
@@ -385,6 +387,7 @@ class CdcSync(StreamingJob):
                 else None
             ),
             metrics=self.metrics,
+            readers=self.snapshot_readers,
         )
 
     # ---- one micro-batch ----------------------------------------------------------------------

@@ -29,7 +29,7 @@ from pyspark.sql import types as T
 
 from jobs.cdc import source_db
 from jobs.cdc.binlog_reader import BinlogPosition, BinlogReader, DdlEvent
-from jobs.cdc.snapshot import piece_frames, rows_frame
+from jobs.cdc.snapshot import WHOLE_TABLE, piece_frames, rows_frame
 from jobs.cdc.source_db import SourceTable
 from jobs.cdc.target_table import POSITION_KEY
 from jobs.common.snapshot_progress import main_snapshot, progress_as_of
@@ -50,9 +50,9 @@ def source_frame(
     """Every source row, read in key order a chunk at a time (no lock, no long read view): by the
     snapshot's reader process when `connection_settings` are given (faster), else by `conn`. Every
     row is in the JVM when this returns: a position read afterwards is past all the reads."""
-    pieces = piece_frames(spark, conn, source, None, chunk_rows, FRAME_ROWS, connection_settings)
+    pieces = piece_frames(spark, conn, source, WHOLE_TABLE, chunk_rows, FRAME_ROWS, connection_settings)
     with contextlib.closing(pieces):
-        frames = [frame for frame, _ in pieces]
+        frames = [frame for frame, _, _ in pieces]
     if not frames:
         return rows_frame(spark, source, [])
     frame = frames[0]
