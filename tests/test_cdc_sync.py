@@ -718,6 +718,10 @@ def test_two_readers_killed_mid_snapshot_resume_each_range_under_writes(
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert job.returncode == -signal.SIGKILL, job.stderr[-3000:]
+        deadline = time.monotonic() + 15  # both readers go with the job
+        while reader_processes() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not reader_processes(), "the killed job's snapshot readers are still running"
         [staging] = snapshot.staging_tables(spark, f"lakehouse.dim_db.{name}")
         stored = snapshot.SnapshotProgress.from_json(
             snapshot.read_progress(spark, staging, snapshot.PROGRESS_KEY)
@@ -741,6 +745,81 @@ def test_two_readers_killed_mid_snapshot_resume_each_range_under_writes(
     catch_up(sync)
     source, lake = lake_and_source()
     assert lake == source
+
+
+def test_a_snapshot_failing_before_its_first_piece_leaves_no_reader_running(
+    spark, app_conn, lake_config, monkeypatch
+) -> None:
+    from jobs.cdc import snapshot, target_table
+
+    name = "cdc_test_readers_closed"
+    with app_conn.cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS {name}")
+        cur.execute(f"CREATE TABLE {name} (id INT PRIMARY KEY, v INT)")
+        cur.executemany(f"INSERT INTO {name} VALUES (%s, %s)", [(i, i) for i in range(2_000)])
+        cur.execute(f"ANALYZE TABLE {name}")
+        cur.fetchall()
+    app_conn.commit()
+    settings = source_db.connection_settings(lake_config, source_db.cdc_credentials(lake_config))
+    cdc = source_db.connect_with(settings)
+    started: list[int] = []
+    real_reader = snapshot.ChunkReader
+
+    def counted(*args, **kwargs):
+        started.append(1)
+        return real_reader(*args, **kwargs)
+
+    def no_table(*_args, **_kwargs):
+        assert len(reader_processes()) == 2  # both readers run while the staging table is made
+        raise RuntimeError("the catalog refused the staging table")
+
+    monkeypatch.setattr(snapshot, "ChunkReader", counted)
+    monkeypatch.setattr(target_table, "create_iceberg_table", no_table)
+    try:
+        with pytest.raises(RuntimeError, match="refused the staging table"):
+            snapshot.snapshot_table(
+                spark, cdc, "user_db", name, f"lakehouse.dim_db.{name}", chunk_rows=100, commit_rows=500,
+                reader_connection=settings, readers=2,
+            )  # fmt: skip
+    finally:
+        cdc.close()
+    assert len(started) == 2
+    assert reader_processes() == []  # closed before the error left snapshot_table
+
+
+def test_a_snapshot_an_earlier_version_interrupted_starts_over(
+    spark, app_conn, lake_config, make_sync, caplog
+) -> None:
+    """An earlier version stored one last key, maybe as MySQL compares it out of the key's order
+    (an ENUM as text, a FLOAT rounded): its staging table is dropped and the snapshot starts over,
+    so the rows it held (stale here) are not kept."""
+    from jobs.cdc import snapshot, target_table
+    from jobs.common.snapshot_progress import writer_options
+
+    name = "cdc_test_earlier_snapshot"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 40)
+    target = f"lakehouse.dim_db.{name}"
+    cdc = source_db.connect(lake_config, source_db.cdc_credentials(lake_config))
+    try:  # a position the source still has: only the form of the progress is against a resume
+        position = BinlogPosition(*source_db.master_position(cdc))
+    finally:
+        cdc.close()
+    stale = spark.createDataFrame(
+        [(f"k{i:05d}", "stale", -1, Decimal("9.0000"), None, None) for i in range(20)],
+        "id string, name string, qty int, price decimal(10,4), note string, updated timestamp",
+    )
+    staging = snapshot.new_staging_table(target)
+    target_table.create_iceberg_table(
+        spark, staging, [(f.name, f.dataType.simpleString()) for f in stale.schema.fields], ("id",)
+    )
+    earlier = {"position": json.loads(position.to_json()), "after": ["k00019"], "rows": 20, "chunks": 1}
+    stale.writeTo(staging).options(**writer_options({snapshot.PROGRESS_KEY: json.dumps(earlier)})).append()
+    caplog.set_level("WARNING", logger="cdc_snapshot")
+    make_sync(pair)
+    assert assert_converged(spark, app_conn, name) == 40
+    assert snapshot.staging_tables(spark, target) == []
+    assert any("an earlier version" in r.getMessage() for r in caplog.records)
 
 
 def test_kill_9_mid_stream_then_restart_converges(spark, app_conn, local_stack, secrets, make_sync) -> None:
@@ -1838,6 +1917,7 @@ TYPE_CASES = [
     ),
     ("c_date", "DATE", "'9999-12-31'", "'0000-00-00'", dt.date(9999, 12, 31), None),
     ("c_date_old", "DATE", "'1000-01-01'", "'1582-10-04'", dt.date(1000, 1, 1), dt.date(1582, 10, 4)),
+    ("c_date_year0", "DATE", "'0000-01-01'", "'0999-12-31'", None, dt.date(999, 12, 31)),  # year 0: no day
     (
         "c_datetime",
         "DATETIME(6)",

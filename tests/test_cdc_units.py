@@ -209,6 +209,9 @@ ARROW_CASES = [
     ),
     ("date", ["9999-12-31", None, "1582-10-04"], [dt.date(9999, 12, 31), None, dt.date(1582, 10, 4)]),
     ("date", ["2026-11-23", "0000-00-00", "2026-02-00"], [dt.date(2026, 11, 23), None, None]),
+    # Year 0 with a month and a day: no day in Python, NULL from the binlog too (Arrow would take it).
+    ("date", ["0000-01-01", "2026-11-23"], [None, dt.date(2026, 11, 23)]),
+    ("timestamp", ["0000-01-01 00:00:00", None], [None, None]),
     ("double", [1.5, None, 2], [1.5, None, 2.0]),
     ("boolean", [True, False, None], [True, False, None]),
     ("binary", [b"\x00\x01", None, bytearray(b"\xff")], [b"\x00\x01", None, b"\xff"]),
@@ -597,6 +600,11 @@ def test_snapshot_progress_keys_round_trip_as_the_values_they_were() -> None:
     # An earlier version's progress: one last key, the whole table left after it.
     earlier = json.dumps({"position": json.loads(position.to_json()), "after": [7], "rows": 5, "chunks": 1})
     assert SnapshotProgress.from_json(earlier).ranges == (KeyRange((7,), None, False),)
+    # And back (a rollback): one range still stores `after`, which an earlier version resumes after;
+    # several ranges do not, and an earlier version stops on them instead of resuming wrongly.
+    one = json.loads(SnapshotProgress(position, (KeyRange((7,)),), 5, 1).to_json())
+    assert one["after"] == [7]
+    assert "after" not in json.loads(progress.to_json())
     # Progress an earlier version stored as text still reads, marked: such a snapshot starts over.
     legacy = keys_from_json([{"text": "1.2500"}, {"hex": "00ff"}])
     assert legacy == ("1.2500", b"\x00\xff") and isinstance(legacy[0], StoredAsText)

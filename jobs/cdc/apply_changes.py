@@ -64,10 +64,15 @@ def arrow_column(values: list, kind: str):
         pass
     if kind in ("timestamp", "date"):
         # MySQL's text, as the snapshot's reader leaves it (`chunk_reader`): Arrow parses the
-        # column at once (UTC wall time, as the server runs in UTC). A zero date fails it.
+        # column at once (UTC wall time, as the server runs in UTC). A zero date fails it; year 0
+        # ('0000-01-01') Arrow would take, but it is no day in Python and NULL from the binlog.
+        import pyarrow.compute as pc
+
         naive = pa.timestamp("us") if kind == "timestamp" else arrow
         try:
-            return pa.array(values, pa.string()).cast(naive).cast(arrow)
+            text = pa.array(values, pa.string())
+            if not pc.any(pc.starts_with(text, "0000-")).as_py():
+                return text.cast(naive).cast(arrow)
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
             pass
     return pa.array([to_spark_value(value, kind) for value in values], arrow)

@@ -20,6 +20,7 @@ import datetime
 import decimal
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -64,7 +65,8 @@ class ReaderFailed(RuntimeError):
 
 class StoredAsText(str):
     """A key value an earlier version stored as text (a decimal, a date, a TIME): MySQL may compare
-    it inexactly, so a snapshot does not resume after it (`snapshot._resumable`)."""
+    it inexactly. Read only from an earlier version's progress, which is not resumed
+    (`snapshot.SnapshotProgress.earlier_version`)."""
 
 
 def keys_to_json(key: tuple | None) -> list | None:
@@ -211,12 +213,11 @@ class ChunkReader:
         )
 
     def close(self) -> None:
+        """Stop the process and remove its files (again: nothing more to do)."""
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()
-        for leftover in self.directory.glob("*"):
-            leftover.unlink()
-        self.directory.rmdir()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _error(message: dict) -> Exception:

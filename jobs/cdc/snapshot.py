@@ -14,11 +14,17 @@ so the tail replays every change after B, each key taking its last change (full 
 changed after B ends as its last change, a key not changed after B was read as it is at B. So the
 table converges to the source however the chunks and the writes interleave.
 
+**Ranges.** A key of one integer column may be cut into ranges read side by side (`readers`):
+(None, p1], (p1, p2], …, (pn, None). They are disjoint and each is read in increasing key order,
+so a key is read at most once; the open first and last ranges take keys written outside MIN..MAX
+during the snapshot. The argument above holds for every chunk of every range.
+
 **Resume.** Chunks are appended to a staging table (`<target>__cdc_snapshot_<id>`), each commit
-carrying B, the last key read and the counts (`lakehouse.cdc.snapshot`). A job killed mid-snapshot
-resumes after the last committed chunk with the same B (if the source still has B's binlog;
-otherwise it starts over). The rows are read and converted to Arrow by a process of its own
-(`chunk_reader`) while the driver commits the previous ones: the two never wait on one Python lock.
+carrying B, each range's last key committed (and whether it is done) and the counts
+(`lakehouse.cdc.snapshot`). A job killed mid-snapshot resumes each range after its last committed
+key with the same B (if the source still has B's binlog; otherwise it starts over). The rows are
+read and converted to Arrow by a process per range (`chunk_reader`) while the driver commits the
+previous ones: they never wait on one Python lock.
 
 **Publish.** A target that does not exist yet becomes the staging table, renamed (no copy), then
 stores B in a commit of its own. An existing target (a `--resync`) gets the staging table's rows in
@@ -50,7 +56,6 @@ from jobs.cdc.binlog_reader import BinlogPosition
 from jobs.cdc.chunk_reader import (
     ChunkReader,
     Piece,
-    StoredAsText,
     keys_from_json,
     keys_to_json,
     read_pieces,
@@ -106,23 +111,29 @@ class SnapshotProgress:
     ranges: tuple[KeyRange, ...]  # each reader's range, after its last key committed to staging
     rows: int
     chunks: int
+    # Stored by a version before ranges, whose last key may compare out of the key's order (an ENUM
+    # or SET as text, a FLOAT rounded, a decimal as text): such a snapshot starts over.
+    earlier_version: bool = False
 
     def advanced(self, index: int, piece: Piece) -> SnapshotProgress:
         """This progress once `piece` of range `index` is committed."""
         ranges = list(self.ranges)
         ranges[index] = replace(ranges[index], after=piece.after, done=piece.done)
         rows, chunks = self.rows + piece.rows, self.chunks + piece.chunks
-        return SnapshotProgress(self.position, tuple(ranges), rows, chunks)
+        return SnapshotProgress(self.position, tuple(ranges), rows, chunks, self.earlier_version)
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "position": json.loads(self.position.to_json()),
-                "ranges": [r.to_json() for r in self.ranges],
-                "rows": self.rows,
-                "chunks": self.chunks,
-            }
-        )
+        data = {
+            "position": json.loads(self.position.to_json()),
+            "ranges": [r.to_json() for r in self.ranges],
+            "rows": self.rows,
+            "chunks": self.chunks,
+        }
+        if len(self.ranges) == 1 and self.ranges[0].upto is None:
+            # One range, the whole table: an earlier version (rolled back to) resumes it as well.
+            # Several ranges it cannot: without `after` it stops with an error, not wrongly.
+            data["after"] = keys_to_json(self.ranges[0].after)
+        return json.dumps(data)
 
     @classmethod
     def from_json(cls, text: str) -> SnapshotProgress:
@@ -134,6 +145,7 @@ class SnapshotProgress:
             tuple(KeyRange.from_json(r) for r in ranges),
             data["rows"],
             data["chunks"],
+            earlier_version="ranges" not in data,
         )
 
 
@@ -187,12 +199,8 @@ def _resumable(spark, target: str, source: SourceTable, binlog_alive) -> tuple[s
             if progress is None
             else "the source table's columns changed since"
             if not schema_matches(spark, staging, source)
-            else "an earlier version stored its last key as text, which MySQL may compare inexactly"
-            if any(
-                isinstance(v, StoredAsText)
-                for r in progress.ranges
-                for v in (*(r.after or ()), *(r.upto or ()))
-            )
+            else "an earlier version stored it, with a last key MySQL may compare out of the key's order"
+            if progress.earlier_version
             else binlog_alive(progress.position)
         )
         if problem is None:
@@ -349,7 +357,7 @@ def piece_frames(
         return _pieces_in_turn(spark, conn, source, todo, chunk_rows, piece_rows)
     # A piece is one task per Arrow batch: as many tasks as cores, but no tiny files.
     batch_rows = max(TASK_ROWS, -(-piece_rows // spark.sparkContext.defaultParallelism))
-    temp_dir = spark.sparkContext._temp_dir
+    temp_dir, schema = spark.sparkContext._temp_dir, frame_schema(source)
     readers: list[tuple[int, ChunkReader]] = []
     try:
         for index, key_range in todo:
@@ -358,11 +366,17 @@ def piece_frames(
                 key_range.upto,
             )  # fmt: skip
             readers.append((index, reader))
+        return _ReaderPieces(spark, readers, schema)
     except BaseException:
-        for _, reader in readers:
-            reader.close()
+        _close_all(reader for _, reader in readers)
         raise
-    return _ReaderPieces(spark, readers, frame_schema(source))
+
+
+def _close_all(readers) -> None:
+    """Close every reader, even when closing one fails (its error is raised after)."""
+    with contextlib.ExitStack() as stack:
+        for reader in readers:
+            stack.callback(reader.close)
 
 
 def _pieces_in_turn(spark, conn, source: SourceTable, todo, chunk_rows: int, piece_rows: int):
@@ -415,8 +429,7 @@ class _ReaderPieces:
         raise StopIteration
 
     def close(self) -> None:
-        for reader in self._readers:
-            reader.close()
+        _close_all(self._readers)
 
 
 def _append(staging: str, frame, progress: SnapshotProgress) -> None:
