@@ -76,7 +76,7 @@ STAGING_SUFFIX = "__cdc_snapshot"
 CHUNK_ROWS = 10_000  # one SELECT; small enough that its read view is short on any table
 COMMIT_ROWS = 200_000  # rows per staging commit: what a kill -9 can cost to read again
 TASK_ROWS = 50_000  # at least, per Spark task writing a piece (and so per data file it adds)
-READERS = 2  # reader processes side by side: 1.5x one on 2 cores (`python -m bench cdc_snapshot`)
+READERS = 2  # reader processes side by side: 1.2-1.3x one, on 2 cores (`python -m bench cdc_snapshot`)
 
 
 @dataclass(frozen=True)
@@ -243,9 +243,8 @@ def snapshot_table(
     `reader_connection`: the source's connection settings, for reading in processes of their own.
     `readers`: ranges of keys read side by side, when the key is one integer column
     (`source_db.split_points`) and the table has a commit's rows per range (InnoDB's estimate); a
-    resumed snapshot keeps the ranges it had. `metrics` gets each
-    commit's rows and seconds (job `cdc-snapshot`): a long snapshot's rate on the dashboard, not
-    only in the log."""
+    resumed snapshot keeps the ranges it had. `metrics` gets each commit's rows and seconds (job
+    `cdc-snapshot`): a long snapshot's rate on the dashboard, not only in the log."""
     source = source_db.describe_table(conn, source_schema, source_name)
     columns = [(c.name, c.spark_type) for c in source.columns]  # UnsupportedType before any write
     if not resume:
