@@ -656,16 +656,18 @@ def test_kill_9_mid_snapshot_resumes_after_the_last_chunk_committed(
     assert_converged(spark, app_conn, name)
 
 
+@pytest.mark.parametrize("resume", ["in_process", "reader_processes"])
 def test_two_readers_killed_mid_snapshot_resume_each_range_under_writes(
-    spark, app_conn, local_stack, secrets, make_sync, monkeypatch
+    spark, app_conn, local_stack, secrets, make_sync, monkeypatch, resume
 ) -> None:
     """`--snapshot-readers 2`: two ranges of an integer key read side by side, every commit storing
-    both ranges' last keys; after a kill -9 each range resumes after its own, and the lake ends
-    equal to the source (as multisets) though writes went on all along."""
+    both ranges' last keys; after a kill -9 each range resumes after its own (read in this process,
+    where the reads can be watched, or by reader processes side by side, as the job does), and the
+    lake ends equal to the source (as multisets) though writes went on all along."""
     from jobs.cdc import snapshot
     from lakehouse.local.mariadb import APP_USER
 
-    name = "cdc_test_two_readers"
+    name = f"cdc_test_two_readers_{resume}"
     with app_conn.cursor() as cur:
         cur.execute(f"DROP TABLE IF EXISTS {name}")
         cur.execute(f"CREATE TABLE {name} (id INT PRIMARY KEY, v INT NOT NULL, note VARCHAR(16))")
@@ -723,25 +725,31 @@ def test_two_readers_killed_mid_snapshot_resume_each_range_under_writes(
             time.sleep(0.2)
         assert not reader_processes(), "the killed job's snapshot readers are still running"
         [staging] = snapshot.staging_tables(spark, f"lakehouse.dim_db.{name}")
-        stored = snapshot.SnapshotProgress.from_json(
-            snapshot.read_progress(spark, staging, snapshot.PROGRESS_KEY)
-        )
+        stored_json = snapshot.read_progress(spark, staging, snapshot.PROGRESS_KEY)
+        stored = snapshot.SnapshotProgress.from_json(stored_json)
         # Each range has 4,000 rows or so, at most 6 pieces: by the 8th commit both had 2 or more.
         [first, second] = stored.ranges
         assert first.after is not None and second.after > first.upto, stored
         assert stored.rows == spark.table(staging).count()
         starts = record_chunk_starts(monkeypatch)
-        sync = make_sync(pair, chunk_rows=500, commit_rows=1_000, reads_in_process=True)
+        in_process = resume == "in_process"
+        sync = make_sync(pair, chunk_rows=500, commit_rows=1_000, reads_in_process=in_process)
     finally:
         stop.set()
         writer.join()
-    # Each range not done went on after its own last committed key (in this process: the ranges
-    # in turn); a range done was not read again. The position is the one stored before the kill.
     resumed = [(r.after, r.upto) for r in stored.ranges if not r.done]
     assert resumed, stored  # the kill came before the end
-    assert starts[0] == resumed[0] and all(r in starts for r in resumed)
-    assert not any(upto == r.upto for _, upto in starts for r in stored.ranges if r.done)
-    assert stored_position(spark, f"lakehouse.dim_db.{name}") == stored.position
+    if in_process:
+        # Each range not done went on after its own last committed key (here the ranges in turn);
+        # a range done was not read again.
+        assert starts[0] == resumed[0] and all(r in starts for r in resumed)
+        assert not any(upto == r.upto for _, upto in starts for r in stored.ranges if r.done)
+    # Resumed, not restarted: the commit holding the stored progress is in the published table's
+    # history, with the position stored before the kill.
+    target = f"lakehouse.dim_db.{name}"
+    history = spark.sql(f"SELECT summary['{snapshot.PROGRESS_KEY}'] AS p FROM {target}.snapshots").collect()
+    assert [r["p"] for r in history].count(stored_json) == 1
+    assert stored_position(spark, target) == stored.position
     catch_up(sync)
     source, lake = lake_and_source()
     assert lake == source
