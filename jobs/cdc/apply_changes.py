@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
@@ -117,14 +118,18 @@ def arrow_file_frame(spark, path, schema, in_tasks: bool = False):
 
     utils = spark.sparkContext._jvm.org.apache.spark.sql.api.python.PythonSQLUtils
     batches = utils.readArrowStreamFromFile(str(path))
-    if not in_tasks:
+    with _no_local_relation(spark) if in_tasks else contextlib.nullcontext():
         return DataFrame(utils.toDataFrame(batches, schema.json(), spark._jsparkSession), spark)
-    # A setting of the whole session, read as the frame is made: set for that moment only (CDC, the
-    # one job making Arrow frames, makes them in one thread).
+
+
+@contextlib.contextmanager
+def _no_local_relation(spark):
+    """Arrow data becomes an RDD, however small. A setting of the whole session, read as a frame is
+    made: set for that moment only (CDC, the one job making Arrow frames, makes them in one thread)."""
     previous = spark.conf.get(LOCAL_RELATION_THRESHOLD, None)
     spark.conf.set(LOCAL_RELATION_THRESHOLD, "0")
     try:
-        return DataFrame(utils.toDataFrame(batches, schema.json(), spark._jsparkSession), spark)
+        yield
     finally:
         if previous is None:
             spark.conf.unset(LOCAL_RELATION_THRESHOLD)

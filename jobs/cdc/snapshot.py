@@ -251,6 +251,7 @@ def snapshot_table(
         for stale in staging_tables(spark, target):
             spark.sql(f"DROP TABLE {stale} PURGE")
     resumable = _resumable(spark, target, source, binlog_alive)
+    estimate = source_db.estimated_rows(conn, source)  # InnoDB's: for the ranges and the progress
     if resumable is not None:
         staging, progress = resumable
         log.info(
@@ -262,7 +263,7 @@ def snapshot_table(
         source_db.write_barrier(conn)  # everything up to `position` is now visible to the reads
         staging = new_staging_table(target)
         # A reader per range, and at least a commit's rows per range (a small table: one reader).
-        parts = min(readers, source_db.estimated_rows(conn, source) // commit_rows)
+        parts = min(readers, estimate // commit_rows)
         progress = SnapshotProgress(position, key_ranges(source_db.split_points(conn, source, parts)), 0, 0)
     began = time.monotonic()
     # Reader processes start reading at once: a new staging table is created meanwhile.
@@ -270,7 +271,7 @@ def snapshot_table(
     with contextlib.closing(pieces):
         if resumable is None:
             target_table.create_iceberg_table(spark, staging, columns, source.key)
-        progress = _copy_chunks(conn, source, staging, progress, pieces, metrics, target)
+        progress = _copy_chunks(source, staging, progress, pieces, estimate, metrics, target)
     # The reader process read with a connection of its own: this one sat idle for the whole copy,
     # maybe past the server's wait_timeout.
     conn.ping(reconnect=True)
@@ -298,17 +299,17 @@ def drop_finished_staging(spark, target: str, stored: BinlogPosition) -> None:
 
 
 def _copy_chunks(
-    conn,
     source: SourceTable,
     staging: str,
     progress: SnapshotProgress,
     pieces: Iterator[tuple[DataFrame, Piece, int]],
+    estimated_rows: int,
     metrics: MetricsSink,
     target: str,
 ) -> SnapshotProgress:
     """Append the rest of the table (`pieces` of `progress.ranges`, from `piece_frames`) to
     `staging`, one commit per piece, each storing every range's last key."""
-    estimate = max(source_db.estimated_rows(conn, source), progress.rows)
+    estimate = max(estimated_rows, progress.rows)
     began, rows_at_start = time.monotonic(), progress.rows
     waited = time.monotonic()
     for frame, piece, index in pieces:
