@@ -79,6 +79,9 @@ def local_stack(stack_env: dict[str, str]):
     stack = LocalStack(StackSettings.resolve(stack_env["LAKEHOUSE_HOME"]))
     stack.up()
     yield stack
+    from jobs.ingest.kafka_source import close_all_readers
+
+    close_all_readers()  # the ingests this process ran kept theirs: they would retry the broker
     stack.down()
 
 

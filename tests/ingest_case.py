@@ -76,15 +76,23 @@ class Case:
         return catalog.load_table(table).scan().to_arrow().to_pylist()
 
     def new_ingest(
-        self, spark, max_records_per_partition: int | None = None, rejects_commit_seconds: float | None = None
+        self,
+        spark,
+        max_records_per_partition: int | None = None,
+        rejects_commit_seconds: float | None = None,
+        read_by: str | None = None,
     ):
-        """The job's batch loop object, in this process (prepared: offsets read)."""
+        """The job's batch loop object, in this process (prepared: offsets read). `read_by`
+        "driver" or "tasks" makes every batch read that way (default: by the batch's size)."""
         from jobs.common.run_modes import StopRequest
         from jobs.ingest.job import ClickstreamIngest, IngestSettings
         from jobs.ingest.kafka_source import FetchSettings
 
-        cap = max_records_per_partition
-        fetch = FetchSettings() if cap is None else FetchSettings(max_records_per_partition=cap)
+        fetch = FetchSettings()
+        if max_records_per_partition is not None:
+            fetch = dataclasses.replace(fetch, max_records_per_partition=max_records_per_partition)
+        if read_by is not None:
+            fetch = dataclasses.replace(fetch, driver_max_records={"driver": 10**12, "tasks": -1}[read_by])
         settings = IngestSettings(
             topic=self.topic,
             fact_table=f"lakehouse.{self.fact}",
@@ -98,8 +106,10 @@ class Case:
         ingest.prepare()
         return ingest
 
-    def ingest_in_process(self, spark, idle_seconds: float = 1.5, cap: int | None = None) -> int:
-        return run_until_idle(self.new_ingest(spark, cap), idle_seconds)
+    def ingest_in_process(
+        self, spark, idle_seconds: float = 1.5, cap: int | None = None, read_by: str | None = None
+    ) -> int:
+        return run_until_idle(self.new_ingest(spark, cap, read_by=read_by), idle_seconds)
 
     def start_job(self, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         return subprocess.Popen(

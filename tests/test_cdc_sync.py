@@ -263,7 +263,7 @@ def test_a_frame_read_in_tasks_is_a_partition_per_arrow_batch_and_leaves_the_ses
     import pyarrow as pa
     from pyspark.sql import types as T
 
-    from jobs.cdc.apply_changes import LOCAL_RELATION_THRESHOLD, arrow_file_frame, write_arrow_file
+    from jobs.common.arrow_frames import LOCAL_RELATION_THRESHOLD, arrow_file_frame, write_arrow_file
 
     rows = [(i, f"v{i}" if i % 7 else None) for i in range(25)]
     table = pa.table({"id": [r[0] for r in rows], "v": [r[1] for r in rows]})

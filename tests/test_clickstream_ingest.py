@@ -28,14 +28,20 @@ def catalog(pyiceberg_catalog):
 # ---- tests -------------------------------------------------------------------------------------------
 
 
-def test_gendata_to_ingest_rows_match_what_was_produced(spark, lake_config, catalog):
-    case = Case(lake_config, "e2e")
+@pytest.mark.parametrize("read_by", ["driver", "tasks"])
+def test_gendata_to_ingest_rows_match_what_was_produced(spark, lake_config, catalog, caplog, read_by):
+    """Both ways of reading a batch (the driver for small ones, tasks for a backlog) land every
+    produced record once, with its fields."""
+    case = Case(lake_config, f"e2e_{read_by}")
     records = list(generate_records(3000, seed=11, bad_ratio=0.1))
     delivered = case.produce([r.payload for r in records])
     payload_kind = {r.payload: r.kind for r in records}
     delivered = [(p, o, payload_kind[raw], raw) for p, o, raw in delivered]
 
-    assert case.ingest_in_process(spark) == 3000
+    with caplog.at_level("INFO", logger="clickstream_ingest"):
+        assert case.ingest_in_process(spark, read_by=read_by) == 3000
+    batches = [r.getMessage() for r in caplog.records if r.getMessage().startswith("batch ")]
+    assert batches and all(line.endswith(f"read_by={read_by}") for line in batches)
 
     assert_exactly_once(case, catalog, delivered)
     fact = {(r["kafka_partition"], r["kafka_offset"]): r for r in case.rows(case.fact, catalog)}
@@ -65,8 +71,38 @@ def test_gendata_to_ingest_rows_match_what_was_produced(spark, lake_config, cata
             assert stored is None or stored == raw
 
     # A second run finds nothing new: replays are harmless.
-    assert case.ingest_in_process(spark, idle_seconds=0.5) == 0
+    assert case.ingest_in_process(spark, idle_seconds=0.5, read_by=read_by) == 0
     assert_exactly_once(case, catalog, delivered)
+
+
+def test_once_the_driver_reads_the_batches_planning_asks_the_broker_for_no_watermark(
+    spark, lake_config, catalog, monkeypatch
+):
+    """The driver's kept readers know each partition's watermark from their last fetch response:
+    a steady stream's batches are planned without a request per partition (50-400 ms of a batch
+    on a busy box), and still read everything below it."""
+    case = Case(lake_config, "cached_hw")
+    first = case.produce([r.payload for r in generate_records(300, seed=3, bad_ratio=0.0)])
+    ingest = case.new_ingest(spark, read_by="driver")
+    handled, deadline = 0, time.monotonic() + 60
+    while handled < 300 and time.monotonic() < deadline:
+        handled += ingest.run_batch()
+    assert handled == 300
+
+    asked: list[list[int]] = []
+    broker_watermarks = ingest._metadata.high_watermarks
+    monkeypatch.setattr(
+        ingest._metadata,
+        "high_watermarks",
+        lambda topic, partitions: asked.append(partitions) or broker_watermarks(topic, partitions),
+    )
+    second = case.produce([r.payload for r in generate_records(300, seed=4, bad_ratio=0.0)])
+    deadline = time.monotonic() + 60
+    while handled < 600 and time.monotonic() < deadline:
+        handled += ingest.run_batch()
+    ingest.finish()
+    assert handled == 600 and asked == []
+    assert_exactly_once(case, catalog, [(p, o, VALID, raw) for p, o, raw in first + second])
 
 
 def test_every_malformed_kind_lands_in_rejects_with_its_reason(spark, lake_config, catalog):

@@ -138,6 +138,7 @@ def test_held_rejects_are_committed_when_due_while_the_topic_is_quiet(spark, lak
     assert catalog.load_table(case.rejects).snapshots() == []  # held
     ingest.settings = dataclasses.replace(ingest.settings, rejects_commit_seconds=0.0)  # now due
     assert ingest.run_batch() == 0  # nothing new on the topic
+    ingest.close()
     assert_exactly_once(case, catalog, delivered)
 
 

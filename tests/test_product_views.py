@@ -123,6 +123,7 @@ def test_views_equal_the_group_by_after_ingest_price_change_compaction_and_expir
         "retain_last => 1)"
     )
     round_of(1000, seed=14)
+    ingest.finish()
     total = spark.table(names["clicks"]).count()
     assert sum(v for *_, v in views_rows(spark, names["views"])) == total
 

@@ -34,9 +34,10 @@ from pymysql import converters
 from pymysql.constants import FIELD_TYPE
 
 from jobs.cdc import source_db
-from jobs.cdc.apply_changes import ARROW_BATCH_ROWS, arrow_column, write_arrow_file
+from jobs.cdc.apply_changes import arrow_column
 from jobs.cdc.schema_mapping import SourceColumn
 from jobs.cdc.source_db import SourceTable
+from jobs.common.arrow_frames import ARROW_BATCH_ROWS, write_arrow_file
 from jobs.common.fault_injection import pause_point
 from jobs.config import ConfigError
 

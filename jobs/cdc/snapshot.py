@@ -51,7 +51,6 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from jobs.cdc import position_commit, source_db, target_table
-from jobs.cdc.apply_changes import arrow_file_frame, arrow_frame
 from jobs.cdc.binlog_reader import BinlogPosition
 from jobs.cdc.chunk_reader import (
     ChunkReader,
@@ -65,6 +64,7 @@ from jobs.cdc.schema_mapping import spark_schema
 from jobs.cdc.source_db import SourceTable
 from jobs.cdc.target_table import POSITION_KEY, TABLE_PROPERTIES
 from jobs.common import progress_keys
+from jobs.common.arrow_frames import arrow_file_frame, arrow_frame
 from jobs.common.fault_injection import crash_point
 from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink
 from jobs.common.snapshot_progress import read_progress, retry_commit, writer_options

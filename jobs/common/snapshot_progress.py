@@ -96,9 +96,12 @@ def find_commit(spark, table: str, commit_id: str) -> int | None:
 
 
 def main_snapshot(spark, table: str) -> int | None:
-    """The id of `table`'s current snapshot (its `main` branch); None for a table with none yet."""
-    rows = spark.sql(f"SELECT snapshot_id FROM {table}.refs WHERE name = 'main'").collect()
-    return rows[0][0] if rows else None
+    """The id of `table`'s current snapshot (its `main` branch); None for a table with none yet.
+    Read from the table's fresh metadata in the driver: a query of `{table}.refs` would be a Spark
+    job, which views paid twice per batch."""
+    spark3_util = spark.sparkContext._jvm.org.apache.iceberg.spark.Spark3Util
+    current = spark3_util.loadIcebergTable(spark._jsparkSession, table).currentSnapshot()
+    return None if current is None else current.snapshotId()
 
 
 def progress_as_of(spark, table: str, snapshot_id: int | None, key: str) -> str | None:

@@ -60,9 +60,13 @@ from jobs.ingest.kafka_source import (
     FetchSettings,
     PartitionStats,
     TopicMetadata,
+    cached_high_watermarks,
+    close_readers,
     fetch_ranges,
     materialize_with_stats,
     plan_ranges,
+    planned_records,
+    read_here,
 )
 from jobs.ingest.offsets import Offsets, advance, check_read_start, passes
 from jobs.ingest.products_dimension import ensure_products_dimension, read_products
@@ -132,6 +136,7 @@ class BatchResult:
     fact_commit_ms: float = 0.0
     committed: list[str] = field(default_factory=list)  # the tables this batch committed to
     lag_seconds: float | None = None
+    read_by: str = ""  # "driver" (a small batch) or "tasks" (a backlog): see kafka_source
 
 
 # Empty fetches in a row, below the broker's watermark, before a batch reports "nothing new" (a topic
@@ -156,6 +161,7 @@ class ClickstreamIngest(StreamingJob):
         self.stop = stop or StopRequest()
         self.metrics = guarded(metrics)
         self._watermarks: dict[int, int] = {}  # each partition's high watermark at the last planning
+        self._read_by = ""  # who read the last batch: "driver" or "tasks"
         self._given_up_gap: dict[int, tuple[int, int]] | None = None  # re-fetched in vain before
         self.batches = 0
         self.last_lag_seconds: float | None = None  # now - the newest Kafka timestamp, after commit
@@ -222,6 +228,7 @@ class ClickstreamIngest(StreamingJob):
         result = BatchResult(
             records=sum(s.records for s in stats.values()),
             rejects=sum(s.rejects for s in stats.values()),
+            read_by=self._read_by,
         )
         if not result.records:
             self._commit_rejects_when_due()  # a quiet topic must not keep rejects uncommitted
@@ -260,6 +267,7 @@ class ClickstreamIngest(StreamingJob):
     def close(self) -> None:
         """Release the broker clients (also after a failure; idempotent)."""
         self._metadata.close()
+        close_readers(self._client_config_factory(), self.settings.topic)
 
     def lag_seconds(self) -> float | None:
         return self.last_lag_seconds
@@ -299,21 +307,25 @@ class ClickstreamIngest(StreamingJob):
         delay = 1.0
         while not self.stop.requested:
             try:
-                partitions = self._metadata.partitions(self.settings.topic)
+                topic, fetch = self.settings.topic, self.settings.fetch
+                partitions = self._metadata.partitions(topic)
                 _, _, starts = self._starts(partitions)
-                self._watermarks = self._metadata.high_watermarks(self.settings.topic, partitions)
-                ranges = plan_ranges(
-                    self.settings.topic,
-                    partitions,
-                    starts,
-                    self.settings.fetch.max_records_per_partition,
-                    # Each range reads at least up to here whatever single polls return.
-                    self._watermarks,
+                self._watermarks = self._high_watermarks(partitions)
+                # Each range reads at least up to its watermark whatever single polls return.
+                cap = fetch.max_records_per_partition
+                ranges = plan_ranges(topic, partitions, starts, cap, self._watermarks)
+                planned = planned_records(ranges)
+                self._read_by = (
+                    "driver" if planned is not None and planned <= fetch.driver_max_records else "tasks"
                 )
-                fetched = fetch_ranges(self.spark, self._client_config_factory, ranges, self.settings.fetch)
-                # Materialized once: both tables and the end offsets come from the same records. The
-                # per-partition stats are observed while materializing (no second pass).
-                batch, stats = materialize_with_stats(fetched, partitions)
+                if self._read_by == "driver":
+                    batch, stats = read_here(self.spark, self._client_config_factory(), ranges, fetch)
+                else:
+                    close_readers(self._client_config_factory(), topic)
+                    fetched = fetch_ranges(self.spark, self._client_config_factory, ranges, fetch)
+                    # Materialized once: both tables and the end offsets come from the same
+                    # records. The per-partition stats are observed while materializing.
+                    batch, stats = materialize_with_stats(fetched, partitions)
                 # Before anything is written; inside the retry, since it may ask the broker.
                 self._check_read_starts(partitions, stats)
                 return batch, partitions, stats
@@ -331,6 +343,15 @@ class ClickstreamIngest(StreamingJob):
                 self.stop.wait(delay)
                 delay = min(delay * 2, self.settings.max_backoff_seconds)
         return None
+
+    def _high_watermarks(self, partitions: list[int]) -> dict[int, int]:
+        """The driver's own readers know the watermarks from their last fetch response; only a
+        partition they do not know is asked of the broker (a request per partition, 50-400 ms of a
+        batch on a busy box)."""
+        topic = self.settings.topic
+        known = cached_high_watermarks(self._client_config_factory(), topic, partitions)
+        unknown = [p for p in partitions if p not in known]
+        return {**known, **(self._metadata.high_watermarks(topic, unknown) if unknown else {})}
 
     def _commit(self, fetched: DataFrame, partitions: list[int], result: BatchResult) -> None:
         """Append the batch to each table it reads past the start of; a table's offsets never go back
@@ -446,7 +467,7 @@ class ClickstreamIngest(StreamingJob):
         lag = "n/a" if r.lag_seconds is None else f"{r.lag_seconds:.1f}"
         log.info(
             "batch %d: records=%d valid=%d rejects=%d offsets=%s commit_ms=%.0f lag_s=%s fetch_ms=%.0f"
-            " fact_commit_ms=%.0f committed=%s",
+            " fact_commit_ms=%.0f committed=%s read_by=%s",
             self.batches,
             r.records,
             r.valid,
@@ -458,6 +479,7 @@ class ClickstreamIngest(StreamingJob):
             r.fact_commit_ms,
             # "none" after a restart: records below both tables' stored offsets, re-read and skipped
             "+".join(r.committed) or "none",
+            r.read_by,
         )
 
 
