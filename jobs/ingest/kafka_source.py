@@ -451,7 +451,8 @@ def read_here(
         stats[plan.partition] = _arrow_stats(read)
         batches += read
     table = pa.Table.from_batches(batches, schema=_fetched_arrow_schema())
-    return arrow_frame(spark, table, FETCHED_RECORD), stats
+    # One partition: the batch is small, and each partition of it would be a data file per commit.
+    return arrow_frame(spark, table, FETCHED_RECORD).coalesce(1), stats
 
 
 def _arrow_stats(batches: list) -> PartitionStats:
