@@ -16,7 +16,18 @@ from jobs.ingest.job import (
     IngestSettings,
     TableProgress,
 )
-from jobs.ingest.kafka_source import FetchSettings, OffsetRange, _read_range, plan_frame, plan_ranges
+from jobs.ingest.kafka_source import (
+    FETCHED_RECORD,
+    FetchSettings,
+    OffsetRange,
+    _arrow_stats,
+    _fetched_arrow_schema,
+    _read_range,
+    materialize_with_stats,
+    plan_frame,
+    plan_ranges,
+    planned_records,
+)
 
 
 class Message:
@@ -94,6 +105,40 @@ def test_the_executors_get_every_field_of_the_planned_ranges(spark):
     assert [OffsetRange(**row.asDict()) for row in rows] == ranges
 
 
+def test_the_driver_counts_a_batchs_stats_as_the_tasks_observe_them(spark):
+    """The end offsets, rejects and lag come from these stats: a batch read by the driver must give
+    the same as one materialized by tasks (rejects, a record without a timestamp, an all-reject
+    partition, an empty one)."""
+    import pyarrow as pa
+
+    from jobs.common.arrow_frames import arrow_frame
+
+    schema = _fetched_arrow_schema()
+
+    def batch(partition: int, offsets: list[int], times: list, reasons: list) -> pa.RecordBatch:
+        n = len(offsets)
+        columns = {
+            "kafka_partition": [partition] * n, "kafka_offset": offsets, "kafka_timestamp_ms": times,
+            "reject_reason": reasons, "raw_payload": [r and "x" for r in reasons],
+            "payload_is_base64": [r and False for r in reasons],
+        }  # fmt: skip
+        arrays = [pa.array(columns.get(f.name, [None] * n), f.type) for f in schema]
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    by_partition = {
+        0: [batch(0, [7, 8], [1000, None], [None, "not_json"]), batch(0, [9], [900], [None])],
+        1: [batch(1, [3, 4], [5, 6], ["not_json", "payload_too_large"])],
+        2: [],
+    }
+    table = pa.Table.from_batches([b for bs in by_partition.values() for b in bs], schema=schema)
+    _, observed = materialize_with_stats(arrow_frame(spark, table, FETCHED_RECORD), [0, 1, 2])
+    counted = {p: _arrow_stats(batches) for p, batches in by_partition.items()}
+    assert counted == observed
+    assert (counted[0].records, counted[0].rejects, counted[0].last_offset, counted[0].newest_ms) == (
+        3, 1, 9, 1000
+    )  # fmt: skip
+
+
 def test_past_the_minimum_end_a_short_poll_ends_the_range_at_once():
     plan = OffsetRange("t", 0, start=0, max_records=10_000, min_end=10)
     # Up to the end (1 + 9), then what the next poll finds buffered (5): short, so the range ends.
@@ -118,9 +163,23 @@ def test_when_nothing_was_new_at_planning_a_short_look_ends_the_range():
     assert reader.polls == [(1, 0.1), (9_999, 0.0)]  # what arrived since, taken without waiting
 
 
+class ScriptedBroker:
+    """What the broker answers about watermarks: whatever the script last said."""
+
+    def __init__(self) -> None:
+        self.watermarks: dict[int, int] = {}
+
+    def high_watermarks(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        return {p: hw for p, hw in self.watermarks.items() if p in partitions}
+
+    def close(self) -> None:
+        pass
+
+
 class ScriptedIngest(ClickstreamIngest):
     """The ingest's batch loop with scripted fetches: each `_batch` returns the next count and
-    leaves the broker's watermarks as the script says (no Spark, no broker)."""
+    leaves the broker's watermarks as the script says (no Spark, no broker). A third item is what
+    the batch planned with, when it differs (the driver's readers' cached, older watermarks)."""
 
     def __init__(self, script: list[tuple[int, dict[int, int]]]) -> None:
         config = LakehouseConfig.aws(
@@ -130,11 +189,13 @@ class ScriptedIngest(ClickstreamIngest):
         super().__init__(None, config, IngestSettings("t", "a.b", "a.c", "a.d"))
         self.fact = self.rejects = TableProgress({0: 100, 1: 100}, None)
         self._script = list(script)
+        self._metadata = ScriptedBroker()
         self.calls = 0
 
     def _batch(self) -> int:
         self.calls += 1
-        handled, self._watermarks = self._script.pop(0)
+        handled, self._metadata.watermarks, *planned_with = self._script.pop(0)
+        self._watermarks = planned_with[0] if planned_with else dict(self._metadata.watermarks)
         if handled is None:  # the job was asked to stop during this fetch
             self.stop.set()
             return 0
@@ -149,6 +210,21 @@ def test_an_empty_fetch_below_the_watermark_is_fetched_again_not_taken_for_the_e
     ingest = ScriptedIngest([(0, {0: 100, 1: 150}), (0, {0: 100, 1: 150}), (50, {0: 100, 1: 150})])
     assert ingest.run_batch() == 50
     assert ingest.calls == 3
+
+
+def test_an_empty_batch_planned_with_stale_cached_watermarks_asks_the_broker_before_ending():
+    # The driver's readers last heard watermarks {0: 100, 1: 100}; the broker holds 50 more in
+    # partition 1 by now. Ending on the stale figures would stop `--until-idle` short.
+    stale = {0: 100, 1: 100}
+    ingest = ScriptedIngest([(0, {0: 100, 1: 150}, stale), (50, {0: 100, 1: 150}, stale)])
+    assert ingest.run_batch() == 50
+    assert ingest.calls == 2
+
+
+def test_a_batch_is_small_only_when_every_partitions_watermark_is_known():
+    ranges = plan_ranges("t", [0, 1, 2], {0: 10, 1: 0, 2: 5}, 1000, {0: 30, 1: 0, 2: 5})
+    assert planned_records(ranges, {0: 30, 1: 0, 2: 5}) == 20  # an empty partition's 0 is known
+    assert planned_records(ranges, {0: 30, 2: 5}) is None
 
 
 def test_an_empty_fetch_at_the_watermark_is_the_end_at_once():

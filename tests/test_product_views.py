@@ -273,3 +273,34 @@ def test_a_second_views_job_that_commits_inside_the_race_window_is_rejected(spar
         second.run_batch()
     assert raced == [30 * PARTITIONS]
     assert views_rows(spark, names["views"]) == source_statistic(spark, names["clicks"])
+
+
+def test_a_views_commit_that_landed_but_reported_failure_counts_each_click_once(spark, names, monkeypatch):
+    """The job keeps the rows it committed and builds the next commit on them: a commit whose
+    outcome was unknown (it landed, then reported a timeout) must neither be counted again nor leave
+    the job building on rows it does not know landed."""
+    from pyspark.sql.readwriter import DataFrameWriterV2
+
+    for statement in fact_table_ddl(names["clicks"]):
+        spark.sql(statement)
+    views = new_views(spark, names)
+    append_clicks(spark, names["clicks"], 0, 40, topic="clicktopic")
+    assert catch_up(views) == 40 * PARTITIONS
+    overwrite, failed = DataFrameWriterV2.overwrite, []
+
+    def landing_then_failing(self, condition):
+        overwrite(self, condition)
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("org.apache.iceberg.exceptions.CommitStateUnknownException: timed out")
+
+    monkeypatch.setattr(DataFrameWriterV2, "overwrite", landing_then_failing)
+    append_clicks(spark, names["clicks"], 40, 30, topic="clicktopic")
+    assert catch_up(views) == 30 * PARTITIONS
+    append_clicks(spark, names["clicks"], 70, 20, topic="clicktopic")
+    assert catch_up(views) == 20 * PARTITIONS
+    assert failed
+    # Each append's rows have productId = id % 20 over its own ids 0 .. count * PARTITIONS - 1.
+    expected = Counter(str(i % 20) for count in (40, 30, 20) for i in range(count * PARTITIONS))
+    assert Counter({r[0]: r[3] for r in views_rows(spark, names["views"])}) == expected
+    assert views_rows(spark, names["views"]) == source_statistic(spark, names["clicks"])

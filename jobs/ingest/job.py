@@ -3,9 +3,9 @@
 Each micro-batch:
 1. plans one offset range per partition, starting where the tables' snapshots say (the offsets are
    committed in the snapshot summary together with the rows, key `lakehouse.kafka.offsets`);
-2. lets executor tasks fetch and validate the records (`clickstream.kafka_source`), materialized
-   once so both writes see the same records; the per-partition end offsets are observed in that
-   same pass;
+2. fetches and validates the records (`ingest.kafka_source`): a small batch in the driver, a
+   backlog in executor tasks, materialized once; either way both writes see the same records and
+   the per-partition end offsets are taken from what was read;
 3. enriches valid events with `dim_db.products` re-read this batch, appends them to the fact table
    and the invalid ones to the rejects table, each commit carrying the batch's end offsets. Rejects
    are held and committed every `rejects_commit_seconds` (or on a clean stop), so they do not add a
@@ -200,8 +200,10 @@ class ClickstreamIngest(StreamingJob):
         that (records the consumer never gets, e.g. transaction markers) is not retried again."""
         for _ in range(EMPTY_FETCHES_BEHIND_WATERMARK):
             handled = self._batch()
+            if handled:
+                return handled
             gap = self._gap_to_watermark()
-            if handled or not gap or gap == self._given_up_gap:
+            if not gap or gap == self._given_up_gap:
                 return handled
             log.info("fetched nothing though the broker reports records past offsets %s; fetching again", gap)
         log.warning(
@@ -213,9 +215,15 @@ class ClickstreamIngest(StreamingJob):
         return 0
 
     def _gap_to_watermark(self) -> dict[int, tuple[int, int]]:
-        """{partition: (fetch start, watermark)} for each partition whose start is below its watermark."""
-        if self.stop.requested:
+        """{partition: (fetch start, watermark)} for each partition whose start is below its watermark,
+        asked of the broker: after an empty batch the watermarks the driver's readers cached may be
+        as old as their last fetch response (a slow one is what an empty batch may mean)."""
+        if self.stop.requested or not self._watermarks:
             return {}
+        try:
+            self._watermarks = self._metadata.high_watermarks(self.settings.topic, sorted(self._watermarks))
+        except BrokerUnavailable:
+            return {}  # the next batch backs off and retries
         _, _, starts = self._starts(sorted(self._watermarks))
         return {p: (starts[p], hw) for p, hw in self._watermarks.items() if starts[p] < hw}
 
@@ -314,7 +322,7 @@ class ClickstreamIngest(StreamingJob):
                 # Each range reads at least up to its watermark whatever single polls return.
                 cap = fetch.max_records_per_partition
                 ranges = plan_ranges(topic, partitions, starts, cap, self._watermarks)
-                planned = planned_records(ranges)
+                planned = planned_records(ranges, self._watermarks)
                 self._read_by = (
                     "driver" if planned is not None and planned <= fetch.driver_max_records else "tasks"
                 )
@@ -376,9 +384,9 @@ class ClickstreamIngest(StreamingJob):
         # `rejects_commit_seconds` passed (checked after every batch, empty ones too), when many
         # are held, or on a clean stop. The fact commit alone then sets the pace of batches. A
         # restart re-reads from the rejects' stored offsets, so what was held is derived again:
-        # nothing is lost, and the fact table takes nothing twice. (Held batches live in the
-        # executors' block stores: losing an executor fails the next rejects commit, and the job
-        # restarts from the stored offsets.)
+        # nothing is lost, and the fact table takes nothing twice. (A batch the driver read holds
+        # its rows in its plan; one read by tasks lives in the executors' block stores: losing an
+        # executor fails the next rejects commit, and the job restarts from the stored offsets.)
         if result.rejects and passes(reject_starts, result.end_offsets):
             self._held_rejects.append(rejected_records(fetched).where(offsets_at_or_after(reject_starts)))
             self._held_records += result.records

@@ -29,7 +29,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cache
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, TopicPartition
@@ -117,11 +117,12 @@ def plan_ranges(
     return ranges
 
 
-def planned_records(ranges: list[OffsetRange]) -> int | None:
-    """Records known to be there: below the ranges' minimum ends; None if a range has none."""
-    if any(r.min_end == 0 for r in ranges):
+def planned_records(ranges: list[OffsetRange], high_watermarks: dict[int, int]) -> int | None:
+    """Records known to be there: below the ranges' minimum ends; None if a partition's watermark
+    is unknown (an empty partition's is 0, which is known)."""
+    if any(r.partition not in high_watermarks for r in ranges):
         return None
-    return sum(r.min_end - r.start for r in ranges)
+    return sum(max(0, r.min_end - r.start) for r in ranges)
 
 
 def _consumer(client_config: dict[str, object]) -> Consumer:
@@ -413,7 +414,10 @@ def cached_high_watermarks(
         reader = _READERS.get(_reader_key(client_config, topic, partition))
         if reader is None:
             continue
-        _, high = reader.consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+        try:
+            _, high = reader.consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+        except KafkaException:
+            continue  # the broker is asked instead
         if high >= 0:
             found[partition] = high
     return found
@@ -447,7 +451,9 @@ def read_here(
 
     batches, stats = [], {}
     for plan in ranges:
-        read = list(fetch_range(client_config, plan, settings))
+        # Past its minimum end a range takes what keeps arriving: bounded here as the batch is.
+        capped = replace(plan, max_records=min(plan.max_records, settings.driver_max_records))
+        read = list(fetch_range(client_config, capped, settings))
         stats[plan.partition] = _arrow_stats(read)
         batches += read
     table = pa.Table.from_batches(batches, schema=_fetched_arrow_schema())
