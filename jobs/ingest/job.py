@@ -161,7 +161,6 @@ class ClickstreamIngest(StreamingJob):
         self.stop = stop or StopRequest()
         self.metrics = guarded(metrics)
         self._watermarks: dict[int, int] = {}  # each partition's high watermark at the last planning
-        self._read_by = ""  # who read the last batch: "driver" or "tasks"
         self._given_up_gap: dict[int, tuple[int, int]] | None = None  # re-fetched in vain before
         self.batches = 0
         self.last_lag_seconds: float | None = None  # now - the newest Kafka timestamp, after commit
@@ -232,11 +231,11 @@ class ClickstreamIngest(StreamingJob):
         fetched = self._fetch_with_retry()
         if fetched is None:
             return 0
-        batch, partitions, stats = fetched
+        batch, partitions, stats, read_by = fetched
         result = BatchResult(
             records=sum(s.records for s in stats.values()),
             rejects=sum(s.rejects for s in stats.values()),
-            read_by=self._read_by,
+            read_by=read_by,
         )
         if not result.records:
             self._commit_rejects_when_due()  # a quiet topic must not keep rejects uncommitted
@@ -310,8 +309,9 @@ class ClickstreamIngest(StreamingJob):
                     starts[p] + lost - 1,
                 )
 
-    def _fetch_with_retry(self) -> tuple[DataFrame, list[int], dict[int, PartitionStats]] | None:
-        """Plan and fetch one batch; while the broker is down, back off and retry (never crash)."""
+    def _fetch_with_retry(self) -> tuple[DataFrame, list[int], dict[int, PartitionStats], str] | None:
+        """Plan and fetch one batch, and say who read it ("driver" or "tasks"); while the broker is
+        down, back off and retry (never crash)."""
         delay = 1.0
         while not self.stop.requested:
             try:
@@ -323,10 +323,8 @@ class ClickstreamIngest(StreamingJob):
                 cap = fetch.max_records_per_partition
                 ranges = plan_ranges(topic, partitions, starts, cap, self._watermarks)
                 planned = planned_records(ranges, self._watermarks)
-                self._read_by = (
-                    "driver" if planned is not None and planned <= fetch.driver_max_records else "tasks"
-                )
-                if self._read_by == "driver":
+                read_by = "driver" if planned is not None and planned <= fetch.driver_max_records else "tasks"
+                if read_by == "driver":
                     batch, stats = read_here(self.spark, self._client_config_factory(), ranges, fetch)
                 else:
                     close_readers(self._client_config_factory(), topic)
@@ -336,7 +334,7 @@ class ClickstreamIngest(StreamingJob):
                     batch, stats = materialize_with_stats(fetched, partitions)
                 # Before anything is written; inside the retry, since it may ask the broker.
                 self._check_read_starts(partitions, stats)
-                return batch, partitions, stats
+                return batch, partitions, stats, read_by
             except Exception as exc:  # noqa: BLE001 - Py4J wraps executor errors; classify by text
                 if not isinstance(exc, BrokerUnavailable) and "BrokerUnavailable" not in str(exc):
                     raise

@@ -426,7 +426,8 @@ def cached_high_watermarks(
 def close_readers(client_config: dict[str, object], topic: str) -> None:
     """Close this process's kept readers of `topic` (the driver's, when tasks read a backlog instead
     or the job closes: an idle reader would go on prefetching into memory)."""
-    for key in [k for k in _READERS if k[:2] == _reader_key(client_config, topic, 0)[:2]]:
+    settings_and_topic = _reader_key(client_config, topic, 0)[:2]
+    for key in [k for k in _READERS if k[:2] == settings_and_topic]:
         _READERS.pop(key).close()
 
 
