@@ -29,7 +29,10 @@ EnvName = Literal["local", "dev", "prod"]
 ENVIRONMENTS: tuple[str, ...] = ("local", "dev", "prod")
 # Files and snapshots accrue per commit (about one a second while clicks flow), not per record: in
 # `bench soak` views p95 grew with the click table's files (8.5 s at ~700 files), and one run after
-# 15 minutes (~1,000 files) took long enough to push views p95 to 17 s in its window.
+# 15 minutes (~1,000 files) took long enough to push views p95 to 17 s in its window. Every minute
+# was measured too: a run costs about as much over one minute of commits as over five (19-41 s), so
+# every window had one and views p95 missed 6 s in 4 of the 10 soak windows after the first
+# (every 5 minutes: 2 of 10).
 LOCAL_STREAMING_MAINTENANCE_MINUTES = 5.0
 
 

@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -21,7 +22,15 @@ from jobs.common.lake_tables import OFFSETS_KEY, fact_table_ddl, offsets_summary
 from jobs.common.snapshot_progress import read_progress, retry_commit, writer_options
 from jobs.maintain.__main__ import main
 from jobs.maintain.job import MaintainSettings, UnknownTableError, maintain_table, short_name
-from jobs.maintain.procedures import error_summary, is_maintenance_conflict, rewrite_strategy
+from jobs.maintain.procedures import (
+    MIN_MANIFESTS_TO_REWRITE,
+    TableStats,
+    error_summary,
+    is_maintenance_conflict,
+    manifest_count,
+    rewrite_strategy,
+    table_stats,
+)
 from jobs.maintain.retention import SnapshotInfo, expiry_plan
 
 stack = pytest.mark.stack
@@ -201,8 +210,9 @@ def test_help_lists_the_options(capsys):
 
 
 @stack
+@pytest.mark.parametrize("expire_in_driver", [False, True], ids=["spark-action", "driver"])
 def test_compaction_keeps_rows_and_progress_and_expires_snapshots(
-    spark, lake_config, pyiceberg_catalog, drop_after
+    spark, lake_config, pyiceberg_catalog, drop_after, expire_in_driver
 ):
     name = "ods_behavior.maint_test_clicks"
     ident = create_clicks(spark, name)
@@ -215,7 +225,7 @@ def test_compaction_keeps_rows_and_progress_and_expires_snapshots(
     rows_before = rows_of(spark, ident)
     progress_before = {key: read_progress(spark, ident, key) for key in (OFFSETS_KEY, CHECKPOINT_KEY)}
     snapshots_before = spark.sql(
-        f"SELECT snapshot_id, summary FROM {ident}.snapshots ORDER BY committed_at"
+        f"SELECT snapshot_id, summary, manifest_list FROM {ident}.snapshots ORDER BY committed_at"
     ).collect()
     checkpoint_snapshot = [s.snapshot_id for s in snapshots_before if CHECKPOINT_KEY in s.summary][-1]
     older = {
@@ -225,7 +235,7 @@ def test_compaction_keeps_rows_and_progress_and_expires_snapshots(
 
     scanned_before = one_product_day_files(pyiceberg_catalog, name)
 
-    report = maintain_table(spark, lake_config, name, AGGRESSIVE)
+    report = maintain_table(spark, lake_config, name, replace(AGGRESSIVE, expire_in_driver=expire_in_driver))
 
     files_after = count_of(spark, ident, "data_files")
     assert files_before >= 10 * files_after, (files_before, files_after)
@@ -240,13 +250,50 @@ def test_compaction_keeps_rows_and_progress_and_expires_snapshots(
     remaining = snapshot_ids(spark, ident)
     assert checkpoint_snapshot in remaining  # capped: the old progress snapshot survived retain_last=1
     assert not remaining & older  # everything older than it was expired
+    io = pyiceberg_catalog.load_table(name).io
+    expired_lists = [s.manifest_list for s in snapshots_before if s.snapshot_id in older]
+    assert expired_lists and not any(io.new_input(path).exists() for path in expired_lists)
     assert len(remaining) < len(snapshots_before)
     assert (report.before.data_files, report.after.data_files) == (files_before, files_after)
+    bytes_after = spark.sql(f"SELECT sum(file_size_in_bytes) FROM {ident}.data_files").first()[0]
+    assert report.after.data_bytes == bytes_after
     assert report.after.snapshots == len(remaining)
     assert report.before.delete_files == report.after.delete_files == 0
     # Sorted by productId within each day: the scan for one product in one day plans one file.
     assert one_product_day_files(pyiceberg_catalog, name) == 1
     assert scanned_before >= 5
+    # 16 appends left at least as many manifests: rewritten into few.
+    assert report.steps["rewrite_manifests"].endswith(" -> 1"), report.steps
+    assert manifest_count(spark, ident) < MIN_MANIFESTS_TO_REWRITE
+
+
+@stack
+def test_table_stats_read_from_metadata_match_the_metadata_tables(spark, drop_after):
+    """The report's counts come from the snapshot summary (no Spark job); they must be what the
+    metadata tables count, also for a table with delete files (whose bytes the summary mixes in)."""
+    ident = create_clicks(spark, "ods_behavior.maint_test_stats")
+    drop_after(ident)
+
+    def counted() -> TableStats:
+        row = spark.sql(
+            f"""SELECT (SELECT count(*) FROM {ident}.data_files), (SELECT sum(file_size_in_bytes) FROM
+                {ident}.data_files), (SELECT count(*) FROM {ident}.snapshots),
+                (SELECT count(*) FROM {ident}.delete_files)"""
+        ).first()
+        return TableStats(*row)
+
+    assert table_stats(spark, ident) == TableStats(0, 0, 0, 0)
+    for batch in range(3):
+        append_batch(spark, ident, batch, rows=50)
+    assert table_stats(spark, ident) == counted()  # from the summary
+    spark.sql(
+        f"ALTER TABLE {ident} SET TBLPROPERTIES ('format-version'='2', 'write.delete.mode'='merge-on-read')"
+    )
+    spark.sql(f"DELETE FROM {ident} WHERE kafka_offset = 0")
+
+    stats = table_stats(spark, ident)  # from the metadata tables
+    assert stats == counted()
+    assert stats.delete_files >= 1 and stats.snapshots == 4
 
 
 @stack
@@ -334,5 +381,12 @@ def test_cli_maintains_a_table(spark, drop_after):
     assert f"{files_before} -> {files_after}" in result.stdout
     for step in ("rewrite_data_files", "rewrite_manifests", "expire_snapshots"):
         assert f"ods_behavior.maint_test_cli: {step}" in result.stderr
+    # Six appends and a compaction leave fewer manifests than are worth a rewrite (and a commit).
+    manifests = manifest_count(spark, ident)
+    assert manifests < MIN_MANIFESTS_TO_REWRITE
+    assert (
+        f"rewrite_manifests {manifests} manifests: fewer than {MIN_MANIFESTS_TO_REWRITE}, left"
+        in result.stderr
+    )
     assert "remove_orphan_files" not in result.stderr
     assert spark.table(ident).count() == 600

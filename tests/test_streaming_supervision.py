@@ -81,23 +81,57 @@ def test_a_job_failing_while_it_prepares_is_closed_too():
 # ---- table maintenance beside the jobs (local stack) ------------------------------------------------
 
 
-def _maintenance(script: list):
-    """A PeriodicMaintenance whose runs follow `script` (reports to return, or an exception to raise)."""
+class FakeLake:
+    """Current snapshot ids of tables. A job commit moves a table's id and leaves work for
+    maintenance; maintaining a table with work commits a rewrite (the id moves again), one
+    without work commits nothing. `during_run` is called inside a maintenance call, after its
+    rewrite: a job commit there landed while maintenance ran."""
+
+    def __init__(self, tables) -> None:
+        self.ids = dict.fromkeys(tables, 1)
+        self.work = set(tables)
+        self.during_run = lambda table: None
+
+    def job_commits(self, table: str) -> None:
+        self.ids[table] += 1
+        self.work.add(table)
+
+    def maintained(self, table: str) -> None:
+        if table in self.work:
+            self.work.discard(table)
+            self.ids[table] += 100
+        self.during_run(table)
+
+
+def _maintenance(script: list, tables=("ods_behavior.clickevent", "dim_db.products"), lake=None):
+    """A PeriodicMaintenance over `tables` whose calls (one per table maintained) follow `script`:
+    the reports to return, or an exception to raise; afterwards a call returns a report of no change.
+    `lake` (a FakeLake) stands for the catalog's current snapshots; without it every table reads as
+    changed on every run."""
     calls = []
 
     def maintain(spark, config, tables, settings, should_stop):
-        calls.append(settings)
-        step = script[len(calls) - 1] if len(calls) <= len(script) else []
+        calls.append((tuple(tables), settings))
+        for table in tables:
+            if lake is not None:
+                lake.maintained(table)
+        step = script[len(calls) - 1] if len(calls) <= len(script) else None
         if isinstance(step, Exception):
             raise step
-        return step
+        if step is not None:
+            return step
+        return [TableReport(t, TableStats(1, 1, 1, 0), TableStats(1, 1, 1, 0)) for t in tables]
 
-    spark = SimpleNamespace(
-        sparkContext=SimpleNamespace(setLocalProperty=lambda key, value: None),
-        catalog=SimpleNamespace(databaseExists=lambda name: False),
-    )
+    def snapshot_of(spark, table):
+        return lake.ids[table.split(".", 1)[1]] if lake is not None else object()
+
+    spark = SimpleNamespace(sparkContext=SimpleNamespace(setLocalProperty=lambda key, value: None))
     config = SimpleNamespace(catalog=SimpleNamespace(name="lakehouse"))
-    return PeriodicMaintenance(spark, config, 0.05, StopRequest(), maintain), calls
+    maintenance = PeriodicMaintenance(
+        spark, config, 0.05, StopRequest(), maintain,
+        tables_of=lambda spark, catalog: list(tables), snapshot_of=snapshot_of,
+    )  # fmt: skip
+    return maintenance, calls
 
 
 def test_maintenance_runs_every_interval_reports_files_and_survives_a_failing_run():
@@ -105,7 +139,7 @@ def test_maintenance_runs_every_interval_reports_files_and_survives_a_failing_ru
         "ods_behavior.clickevent", TableStats(120, 9_000, 60, 0), TableStats(4, 8_000, 5, 0)
     )
     failed = TableReport("dim_db.products", TableStats(0, 0, 0, 0), error="CommitFailedException: boom")
-    maintenance, calls = _maintenance([RuntimeError("catalog locked"), [compacted, failed]])
+    maintenance, calls = _maintenance([RuntimeError("catalog locked"), [compacted], [failed]])
     maintenance.start()
     deadline = time.monotonic() + 10
     while maintenance.status.runs < 3 and time.monotonic() < deadline:
@@ -115,9 +149,9 @@ def test_maintenance_runs_every_interval_reports_files_and_survives_a_failing_ru
     status = maintenance.status
     assert not maintenance.thread.is_alive() and status.state == "stopped"
     assert status.runs >= 3  # the failing first run did not end the schedule
-    assert all(settings.skip_orphans for settings in calls)  # orphan removal lists the whole warehouse
+    assert all(settings.skip_orphans for _, settings in calls)  # orphan removal lists the whole warehouse
     # What one run reports: files and snapshots before -> after per table, one line per failed table.
-    maintenance2, _ = _maintenance([[compacted, failed], [compacted]])
+    maintenance2, _ = _maintenance([[compacted], [failed], [compacted], [failed]])
     maintenance2.run_once()
     assert maintenance2.status.tables == {
         "ods_behavior.clickevent": {"data_files": [120, 4], "snapshots": [60, 5]}
@@ -129,6 +163,41 @@ def test_maintenance_runs_every_interval_reports_files_and_survives_a_failing_ru
     maintenance3, _ = _maintenance([RuntimeError("catalog locked")])
     maintenance3.run_once()
     assert maintenance3.status.errors == ["RuntimeError: catalog locked"] and maintenance3.status.runs == 1
+
+
+def test_maintenance_skips_a_table_nothing_was_committed_to_since_its_last_run(monkeypatch):
+    """An idle stack must cost no maintenance, yet every job commit must be maintained: also one
+    that lands while maintenance runs, and a table whose run failed is tried again. Once a changed
+    table's snapshots have aged past the retention it gets one more run (the expiry)."""
+    clicks, products = "ods_behavior.clickevent", "dim_db.products"
+    lake = FakeLake((clicks, products))
+    failed = TableReport(products, TableStats(0, 0, 0, 0), error="CommitFailedException: boom")
+    maintenance, calls = _maintenance([None, [failed]], lake=lake)
+    runs = []
+
+    def run() -> list[str]:
+        maintenance.run_once()
+        runs.append([t for (t,), _ in calls[sum(len(r) for r in runs) :]])
+        return runs[-1]
+
+    assert run() == [clicks, products]  # nothing known yet; products fails
+    assert run() == [clicks, products]  # clicks: its own rewrite landed since; products: failed
+    assert run() == [] and maintenance.status.unchanged == [clicks, products]  # idle
+    lake.job_commits(clicks)
+    lake.during_run = lambda table: lake.job_commits(clicks) if table == clicks else None
+    assert run() == [clicks]  # ... and the ingest commits while it runs
+    lake.during_run = lambda table: None
+    assert run() == [clicks]  # that commit is maintained
+    assert run() == [clicks]  # the rewrite of it landed
+    assert run() == []
+    # Five minutes later (the in-app retention): one expiry pass each, then nothing.
+    later = time.time() + 6 * 60
+    monkeypatch.setattr("jobs.streaming.maintenance.time.time", lambda: later)
+    assert run() == [clicks, products]
+    assert run() == []
+    # A current snapshot that cannot be read: the table is maintained, not skipped.
+    maintenance._snapshot_of = lambda spark, table: (_ for _ in ()).throw(RuntimeError("database is locked"))
+    assert run() == [clicks, products]
 
 
 def test_the_application_stops_its_maintenance_with_the_jobs_and_reports_it(tmp_path):

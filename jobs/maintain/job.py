@@ -7,11 +7,13 @@ every Iceberg table in dim_db, ods_behavior and ads_behavior), in this order:
    one-product one-day query then reads one or a few files); another table is sorted by its own
    write order if it has one, else bin-packed. Partial progress: each file group commits on its own,
    so a group that loses a race with a streaming commit is skipped, never the whole run.
-2. `rewrite_manifests`: few, well-clustered manifests after many tiny appends.
+2. `rewrite_manifests`: few, well-clustered manifests after many tiny appends (from 10 manifests).
 3. `expire_snapshots`: older than `--retain-hours`, keeping `--retain-last`, and never the snapshot
    a job resumes from. The streaming jobs keep their progress in snapshot summaries (keys starting
    with `lakehouse.`) and read it back from the newest current ancestor carrying the key, so
    `older_than` is capped at the oldest such snapshot (expiry removes strictly older snapshots).
+   The streaming application's in-app runs expire with Iceberg's core API in the driver
+   (`MaintainSettings.expire_in_driver`); the step uses the Spark action, which scales on a cluster.
 4. `remove_orphan_files`: only files older than `--orphan-min-age-hours`, because files of a commit
    in flight look orphaned until it lands.
 
@@ -54,6 +56,7 @@ class MaintainSettings:
     retain_last: int = DEFAULT_RETAIN_LAST
     orphan_min_age_hours: float = DEFAULT_ORPHAN_MIN_AGE_HOURS
     skip_orphans: bool = False
+    expire_in_driver: bool = False  # procedures.expire_snapshots: the streaming application's runs
 
 
 @dataclass
@@ -137,6 +140,7 @@ def maintain_table(spark, config: LakehouseConfig, table: str, settings: Maintai
         table,
         settings.retain_hours,
         settings.retain_last,
+        settings.expire_in_driver,
     )
     if not settings.skip_orphans:
         _run_step(
