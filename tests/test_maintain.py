@@ -285,7 +285,11 @@ def test_table_stats_read_from_metadata_match_the_metadata_tables(spark, drop_af
     assert table_stats(spark, ident) == TableStats(0, 0, 0, 0)
     for batch in range(3):
         append_batch(spark, ident, batch, rows=50)
-    assert table_stats(spark, ident) == counted()  # from the summary
+    spark.sparkContext.setJobGroup("maint_test_stats", "table_stats from the summary")
+    from_summary = table_stats(spark, ident)
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup("maint_test_stats") == []  # no Spark job
+    spark.sparkContext.setJobGroup("", "")
+    assert from_summary == counted()
     spark.sql(
         f"ALTER TABLE {ident} SET TBLPROPERTIES ('format-version'='2', 'write.delete.mode'='merge-on-read')"
     )

@@ -169,10 +169,12 @@ def test_maintenance_skips_a_table_nothing_was_committed_to_since_its_last_run(m
     """An idle stack must cost no maintenance, yet every job commit must be maintained: also one
     that lands while maintenance runs, and a table whose run failed is tried again. Once a changed
     table's snapshots have aged past the retention it gets one more run (the expiry)."""
-    clicks, products = "ods_behavior.clickevent", "dim_db.products"
-    lake = FakeLake((clicks, products))
+    clicks, products, empty = "ods_behavior.clickevent", "dim_db.products", "ods_behavior.clickevent_rejects"
+    lake = FakeLake((clicks, products, empty))
+    lake.work -= {products, empty}  # their runs commit nothing: ids stay
+    lake.ids[empty] = None  # a table with no snapshot yet
     failed = TableReport(products, TableStats(0, 0, 0, 0), error="CommitFailedException: boom")
-    maintenance, calls = _maintenance([None, [failed]], lake=lake)
+    maintenance, calls = _maintenance([None, [failed]], tables=(clicks, products, empty), lake=lake)
     runs = []
 
     def run() -> list[str]:
@@ -180,9 +182,9 @@ def test_maintenance_skips_a_table_nothing_was_committed_to_since_its_last_run(m
         runs.append([t for (t,), _ in calls[sum(len(r) for r in runs) :]])
         return runs[-1]
 
-    assert run() == [clicks, products]  # nothing known yet; products fails
-    assert run() == [clicks, products]  # clicks: its own rewrite landed since; products: failed
-    assert run() == [] and maintenance.status.unchanged == [clicks, products]  # idle
+    assert run() == [clicks, products, empty]  # nothing known yet; products fails
+    assert run() == [clicks, products]  # clicks: its own rewrite landed since; products: it failed
+    assert run() == [] and maintenance.status.unchanged == [clicks, products, empty]  # idle
     lake.job_commits(clicks)
     lake.during_run = lambda table: lake.job_commits(clicks) if table == clicks else None
     assert run() == [clicks]  # ... and the ingest commits while it runs
@@ -193,11 +195,11 @@ def test_maintenance_skips_a_table_nothing_was_committed_to_since_its_last_run(m
     # Five minutes later (the in-app retention): one expiry pass each, then nothing.
     later = time.time() + 6 * 60
     monkeypatch.setattr("jobs.streaming.maintenance.time.time", lambda: later)
-    assert run() == [clicks, products]
+    assert run() == [clicks, products, empty]
     assert run() == []
     # A current snapshot that cannot be read: the table is maintained, not skipped.
     maintenance._snapshot_of = lambda spark, table: (_ for _ in ()).throw(RuntimeError("database is locked"))
-    assert run() == [clicks, products]
+    assert run() == [clicks, products, empty]
 
 
 def test_the_application_stops_its_maintenance_with_the_jobs_and_reports_it(tmp_path):

@@ -28,7 +28,7 @@ REWRITE_OPTIONS = {
     "partial-progress.max-commits": "10",
     "max-concurrent-file-group-rewrites": "4",
 }
-# A rewrite of fewer manifests than this buys a query nothing measurable, and on a table a streaming
+# A rewrite of fewer data manifests than this buys a query nothing measurable, and on a table a streaming
 # job commits to every second it is the step that loses races: on the local stack the rewrite of
 # product_views' 2 manifests into 1 lost to the views job 3 times in a row (6.5 s of a 29 s run).
 MIN_MANIFESTS_TO_REWRITE = 10
@@ -197,10 +197,9 @@ def rewrite_data_files(spark, catalog: str, table: str, has_deletes: bool) -> st
 
 
 def manifest_count(spark, ident: str) -> int:
-    """Manifests of the table's current snapshot, from its metadata in the driver (no Spark job)."""
-    table = spark.sparkContext._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
-        spark._jsparkSession, ident
-    )
+    """Data manifests of the table's current snapshot (what `rewrite_manifests` rewrites), from its
+    metadata in the driver (no Spark job)."""
+    table = _iceberg_table(spark, ident)
     current = table.currentSnapshot()
     return 0 if current is None else current.dataManifests(table.io()).size()
 

@@ -8,7 +8,7 @@ in a thread and FAIR pool of its own, beside the jobs: compaction, manifest rewr
 expiry (the jobs' resume snapshots are always kept); orphan removal stays with `lakehouse run
 maintain`, since it lists the whole warehouse. A table nothing was committed to since its last run
 began is skipped (after one expiry pass once that run's snapshots aged past the retention), so an
-idle stack costs no CPU. A failing run is logged and retried at the next interval; it never stops
+idle stack does no maintenance. A failing run is logged and retried at the next interval; it never stops
 the jobs.
 """
 
