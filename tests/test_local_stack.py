@@ -17,7 +17,7 @@ from pathlib import Path
 import pymysql
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from support import free_port, free_port_base, private_stack_env, run_cli
+from support import private_stack_env, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -317,13 +317,7 @@ def test_down_keeps_data_and_up_recovers_stale_pid_files(private_env):
 
 @pytest.mark.stack
 def test_down_purge_removes_all_state(tmp_path):
-    env = {
-        **os.environ,
-        "LAKEHOUSE_HOME": str(tmp_path / "purge-me"),
-        "LAKEHOUSE_MYSQL_PORT": str(free_port()),
-        "LAKEHOUSE_KAFKA_PORT": str(free_port()),
-        "LAKEHOUSE_S3_PORT": str(free_port_base(7)),
-    }
+    env = private_stack_env(tmp_path / "purge-me")
     run_cli("local", "up", env=env)
     assert (tmp_path / "purge-me" / "catalog.db").exists()
     run_cli("local", "down", "--purge", env=env)

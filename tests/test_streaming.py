@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from support import free_port, free_port_base, run_cli
+from support import run_cli, stack_ports
 from test_demo import read_topic
 
 from lakehouse.local.catalog import pyiceberg_catalog
@@ -45,7 +45,7 @@ DIMS = {
 
 class Stack:
     def __init__(self, home: Path) -> None:
-        self.settings = StackSettings(home, free_port(), free_port(), free_port_base(7))
+        self.settings = StackSettings(home, *stack_ports())
         self.stack = LocalStack(self.settings)
         self.env = {
             **os.environ,
