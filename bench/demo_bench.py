@@ -51,16 +51,10 @@ def run() -> list[dict]:
 
 
 def _one_run(index: int, seconds: float, rate: int) -> list[dict]:
-    from bench.private_stack import _free_port_base
+    from lakehouse.local.settings import StackSettings
 
     home = Path(tempfile.mkdtemp(prefix="lakehouse-bench-demo-"))
-    env = {
-        **os.environ,
-        "LAKEHOUSE_HOME": str(home),
-        "LAKEHOUSE_MYSQL_PORT": str(_free_port_base(15306, 1)),
-        "LAKEHOUSE_KAFKA_PORT": str(_free_port_base(25092, 1)),
-        "LAKEHOUSE_S3_PORT": str(_free_port_base(26333, 7)),
-    }
+    env = {**os.environ, **StackSettings.on_free_ports(home).environment()}
     lakehouse = str(Path(sys.prefix) / "bin" / "lakehouse")
     peak = {"rss": 0}
     stop = threading.Event()

@@ -4,38 +4,24 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import statistics
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 
-def _free_port_base(start: int, span: int) -> int:
-    for base in range(start, start + 5000, 100):
-        if all(socket.socket().connect_ex(("127.0.0.1", p)) != 0 for p in range(base, base + span)):
-            return base
-    raise RuntimeError("no free ports for the bench stack")
-
-
 @contextlib.contextmanager
 def private_stack(prefix: str, topic_retention: bool = True) -> Iterator:
     """A LocalStack in a temp home, so a bench never touches the user's stack; purged afterwards."""
     home = Path(tempfile.mkdtemp(prefix=f"lakehouse-bench-{prefix}-"))
-    os.environ.update(
-        {
-            "LAKEHOUSE_HOME": str(home),
-            "LAKEHOUSE_MYSQL_PORT": str(_free_port_base(15306, 1)),
-            "LAKEHOUSE_KAFKA_PORT": str(_free_port_base(25092, 1)),
-            "LAKEHOUSE_S3_PORT": str(_free_port_base(26333, 7)),
-        }
-    )
     from lakehouse.local.settings import StackSettings
     from lakehouse.local.stack import LocalStack
 
-    stack = LocalStack(StackSettings.resolve(home))
-    stack.up(topic_retention=topic_retention)
+    settings = StackSettings.on_free_ports(home)
+    os.environ.update(settings.environment())
+    stack = LocalStack(settings)
     try:
+        stack.up(topic_retention=topic_retention)
         yield stack
     finally:
         stack.down(purge=True)

@@ -8,7 +8,6 @@ at the end.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,33 +33,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.synth)
 
 
-def _free(port: int, span: int = 1) -> bool:
-    for p in range(port, port + span):
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", p)) == 0:
-                return False
-    return True
-
-
-def _pick_ports() -> dict[str, int]:
-    """Test ports away from the defaults; shifted if a leftover process holds them."""
-    for offset in range(0, 2000, 100):
-        mysql, kafka, s3 = 13307 + offset, 29092 + offset, 28333 + offset
-        if _free(mysql) and _free(kafka) and _free(s3, 7) and _free(s3 + 10001, 6):
-            return {"mysql": mysql, "kafka": kafka, "s3": s3}
-    raise RuntimeError("no free test ports found")
-
-
 @pytest.fixture(scope="session")
 def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    home = tmp_path_factory.mktemp("lakehouse-home")
-    ports = _pick_ports()
-    env = {
-        "LAKEHOUSE_HOME": str(home),
-        "LAKEHOUSE_MYSQL_PORT": str(ports["mysql"]),
-        "LAKEHOUSE_KAFKA_PORT": str(ports["kafka"]),
-        "LAKEHOUSE_S3_PORT": str(ports["s3"]),
-    }
+    from lakehouse.local.settings import StackSettings
+
+    env = StackSettings.on_free_ports(tmp_path_factory.mktemp("lakehouse-home")).environment()
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     yield env
@@ -73,16 +50,17 @@ def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
 
 @pytest.fixture(scope="session")
 def local_stack(stack_env: dict[str, str]):
+    from jobs.ingest.kafka_source import close_all_readers
     from lakehouse.local.settings import StackSettings
     from lakehouse.local.stack import LocalStack
 
     stack = LocalStack(StackSettings.resolve(stack_env["LAKEHOUSE_HOME"]))
-    stack.up()
-    yield stack
-    from jobs.ingest.kafka_source import close_all_readers
-
-    close_all_readers()  # the ingests this process ran kept theirs: they would retry the broker
-    stack.down()
+    try:  # a part that failed to start must not leave the others running after the suite
+        stack.up()
+        yield stack
+    finally:
+        close_all_readers()  # the ingests this process ran kept theirs: they would retry the broker
+        stack.down()
 
 
 @pytest.fixture(scope="session")

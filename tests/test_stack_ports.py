@@ -1,12 +1,42 @@
-"""Ports of a test's private stack: none may overlap, or a server of the stack fails to bind."""
+"""Ports of a stack of its own (tests, benches, the rehearsal): none may overlap, or a server of the
+stack fails to bind."""
 
 from __future__ import annotations
 
-import support
+import pytest
+
+from lakehouse.local import settings
+from lakehouse.local.settings import StackSettings, object_store_ports
 
 
-def test_the_broker_and_mariadb_never_get_a_port_of_seaweedfs_block(monkeypatch):
-    monkeypatch.setattr(support, "free_port_base", lambda span: 41000)
-    # The kernel hands out 41005 (SeaweedFS's block 41000-41006), then a gRPC port, then 41020 twice.
-    monkeypatch.setattr(support, "kernel_free_port", iter([41005, 51003, 41020, 41020, 41021]).__next__)
-    assert support.stack_ports() == (41020, 41021, 41000)
+def test_mariadb_and_the_broker_never_get_a_port_of_seaweedfs_block(monkeypatch, tmp_path):
+    monkeypatch.setattr(settings, "port_bindable", lambda port: True)
+    # SeaweedFS's block at 15000 (15000-15006, gRPC 25001-25006) is picked first; then a port inside
+    # it, a gRPC one, 15020 for MariaDB, 15020 again, the default stack's broker port and 15021.
+    picks = iter([15000, 15005, 25003, 15020, 15020, 19092, 15021])
+    monkeypatch.setattr("random.choice", lambda candidates: next(picks))
+    chosen = StackSettings.on_free_ports(tmp_path)
+    assert (chosen.mysql_port, chosen.kafka_port, chosen.s3_port) == (15020, 15021, 15000)
+
+
+def test_ports_held_by_a_server_are_not_picked(monkeypatch, tmp_path):
+    held = {*object_store_ports(15000), 15020}
+    monkeypatch.setattr(settings, "port_bindable", lambda port: port not in held)
+    # 18330's block would hold the default stack's SeaweedFS ports (18333-18339).
+    picks = iter([15000, 18330, 16000, 15020, 15021, 15022])
+    monkeypatch.setattr("random.choice", lambda candidates: next(picks))
+    chosen = StackSettings.on_free_ports(tmp_path)
+    assert (chosen.mysql_port, chosen.kafka_port, chosen.s3_port) == (15021, 15022, 16000)
+
+
+def test_picked_ports_are_outside_the_kernels_ephemeral_range_and_point_subprocesses_at_the_stack(tmp_path):
+    chosen = StackSettings.on_free_ports(tmp_path)
+    ports = [chosen.mysql_port, chosen.kafka_port, *object_store_ports(chosen.s3_port)]
+    assert len(set(ports)) == len(ports)
+    assert max(ports) < 32768
+    assert StackSettings.resolve(tmp_path) != chosen  # nothing recorded yet: defaults
+    env = chosen.environment()
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        assert StackSettings.resolve(env["LAKEHOUSE_HOME"]) == chosen

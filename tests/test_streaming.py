@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from support import run_cli, stack_ports
+from support import run_cli
 from test_demo import read_topic
 
 from lakehouse.local.catalog import pyiceberg_catalog
@@ -45,15 +45,9 @@ DIMS = {
 
 class Stack:
     def __init__(self, home: Path) -> None:
-        self.settings = StackSettings(home, *stack_ports())
+        self.settings = StackSettings.on_free_ports(home)
         self.stack = LocalStack(self.settings)
-        self.env = {
-            **os.environ,
-            "LAKEHOUSE_HOME": str(home),
-            "LAKEHOUSE_MYSQL_PORT": str(self.settings.mysql_port),
-            "LAKEHOUSE_KAFKA_PORT": str(self.settings.kafka_port),
-            "LAKEHOUSE_S3_PORT": str(self.settings.s3_port),
-        }
+        self.env = {**os.environ, **self.settings.environment()}
 
     def up(self) -> None:
         self.secrets = self.stack.up()["mysql"]
@@ -91,9 +85,11 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     stack = Stack(tmp_path_factory.mktemp("streaming-home"))
-    stack.up()
-    yield stack
-    stack.stack.down()
+    try:  # a part that failed to start must not leave the others running after the module
+        stack.up()
+        yield stack
+    finally:
+        stack.stack.down()
 
 
 # ---- independent readers -------------------------------------------------------------------------------

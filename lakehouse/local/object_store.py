@@ -9,7 +9,7 @@ import urllib.request
 from pathlib import Path
 
 from lakehouse.local.process import ManagedProcess, StackError
-from lakehouse.local.settings import S3_PORT_SPAN, StackSettings
+from lakehouse.local.settings import StackSettings, object_store_ports
 
 BROKER_BUCKET = "tansu"
 
@@ -34,9 +34,7 @@ class ObjectStore:
         return f"http://{self.settings.host}:{self.settings.s3_port}"
 
     def ports(self) -> list[int]:
-        base = self.settings.s3_port
-        own = [base + i for i in range(S3_PORT_SPAN)]
-        return own + [p + 10000 for p in own[1:]]
+        return object_store_ports(self.settings.s3_port)
 
     def start(self, secrets: dict[str, str]) -> None:
         if self.process.is_running():

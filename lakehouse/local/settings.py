@@ -45,10 +45,17 @@ class StackSettings:
 
     @classmethod
     def on_free_ports(cls, home: str | os.PathLike[str]) -> StackSettings:
-        """A stack of its own beside any other (the rehearsal's): ports nobody holds now."""
-        return cls(
-            local_home(home), _bindable_block(1), _bindable_block(1), _bindable_block(S3_PORT_SPAN, grpc=True)
-        )
+        """A stack of its own beside any other (tests, benches, the rehearsal): ports nobody holds
+        now, none of them inside another's block."""
+        mysql, kafka, s3 = free_stack_ports()
+        return cls(local_home(home), mysql, kafka, s3)
+
+    def environment(self) -> dict[str, str]:
+        """The variables that point `lakehouse` and the jobs (subprocesses) at this stack."""
+        return {
+            "LAKEHOUSE_HOME": str(self.home),
+            **{PORT_ENV[part]: str(port) for part, port in self.ports().items()},
+        }
 
     # Layout of the state directory.
     @property
@@ -126,13 +133,42 @@ def port_bindable(port: int) -> bool:
             return False
 
 
-def _bindable_block(span: int, grpc: bool = False) -> int:
-    """A base port with `span` ports free after it (and SeaweedFS's gRPC ports, base + 10000 + i)."""
+def object_store_ports(base: int) -> list[int]:
+    """The ports SeaweedFS binds for S3 port `base`: the block after it, and gRPC's (+ 10000)."""
+    own = [base + i for i in range(S3_PORT_SPAN)]
+    return own + [port + 10_000 for port in own[1:]]
+
+
+# Below the kernel's ephemeral range (32768-60999 here), so no outgoing connection is handed a port
+# between the pick and the server's bind; SeaweedFS's gRPC ports (+ 10000) stay below it too.
+_BLOCK_BASES = range(12_000, 22_000 - S3_PORT_SPAN)
+_SINGLE_PORTS = range(12_000, 32_000)
+
+
+def free_stack_ports() -> tuple[int, int, int]:
+    """(MariaDB, broker, SeaweedFS base) ports that are free now, overlap neither each other nor
+    the default stack's (which may be started later). SeaweedFS's block is picked first and the two
+    single ports outside it: picked apart, the broker was once handed 41005, inside the block at
+    41000, and the stack failed to start."""
     import random
 
+    defaults = {DEFAULT_PORTS["mysql"], DEFAULT_PORTS["kafka"], *object_store_ports(DEFAULT_PORTS["s3"])}
     for _ in range(200):
-        base = random.randrange(20_000, 50_000 - span)
-        ports = [*range(base, base + span), *(range(base + 10_001, base + 10_000 + span) if grpc else ())]
-        if all(port_bindable(p) for p in ports):
-            return base
-    raise RuntimeError("no free block of local ports")
+        s3 = random.choice(_BLOCK_BASES)
+        block = object_store_ports(s3)
+        if not defaults.intersection(block) and all(port_bindable(port) for port in block):
+            break
+    else:
+        raise RuntimeError("no free block of local ports for SeaweedFS")
+    taken = defaults | set(block)
+    singles = []
+    for _ in range(2):
+        for _ in range(200):
+            port = random.choice(_SINGLE_PORTS)
+            if port not in taken and port_bindable(port):
+                break
+        else:
+            raise RuntimeError("no free local port")
+        taken.add(port)
+        singles.append(port)
+    return singles[0], singles[1], s3
