@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 
 from jobs.cdc.binlog_reader import BinlogPosition
 from jobs.cdc.target_table import POSITION_KEY
+from jobs.common.lake_tables import load_iceberg_table
 from jobs.common.snapshot_progress import (
     COMMIT_ID_KEY,
     ConcurrentWriterError,
@@ -38,9 +39,7 @@ def other_writer(
 
 
 def _parent_id(spark, target: str, snapshot_id: int) -> int | None:
-    jvm = spark.sparkContext._jvm
-    table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, target)
-    return table.snapshot(snapshot_id).parentId()
+    return load_iceberg_table(spark, target).snapshot(snapshot_id).parentId()
 
 
 def commit_position(
@@ -78,9 +77,7 @@ def commit_position(
 
 def commit_progress_only(spark, target: str, properties: Mapping[str, str]) -> None:
     """An empty append whose snapshot summary carries `properties` (no data files change)."""
-    jvm = spark.sparkContext._jvm
-    table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, target)
-    append = table.newAppend()
+    append = load_iceberg_table(spark, target).newAppend()
     for key, value in properties.items():
         append = append.set(key, value)
     append.commit()

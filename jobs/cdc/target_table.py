@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from jobs.cdc.schema_mapping import SourceColumn
 from jobs.common import progress_keys
+from jobs.common.lake_tables import load_iceberg_table
 from jobs.common.snapshot_progress import progress_as_of
 
 # Snapshot summary key holding the binlog position a commit brings the table up to (JSON: file,
@@ -78,7 +79,7 @@ def configure_table(spark, table: str, key: tuple[str, ...], source: str | None 
         props = ", ".join(f"'{k}'='{v}'" for k, v in wanted.items())
         spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({props})")
     jvm = spark.sparkContext._jvm
-    iceberg = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table)
+    iceberg = load_iceberg_table(spark, table)
     if set(iceberg.schema().identifierFieldNames()) == set(key):
         return
     # A table created by someone else may have a nullable key column; the key is never null.

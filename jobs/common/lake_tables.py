@@ -1,5 +1,6 @@
-"""The lake's tables that more than one job touches: their ids, the shared DDL, and the Kafka lineage
-the click tables carry (each row's partition and offset; the ingest's progress key)."""
+"""The lake's tables that more than one job touches: their ids, the shared DDL, the Kafka lineage
+the click tables carry (each row's partition and offset; the ingest's progress key), and how a job
+reaches any table's Iceberg metadata in the driver."""
 
 from __future__ import annotations
 
@@ -16,6 +17,16 @@ PRODUCTS_TABLE = ("dim_db", "products")  # written by cdc, read by ingest and re
 MEMBERS_TABLE = ("dim_db", "user_member")  # written by cdc, read by report
 VIEWS_TABLE = ("ads_behavior", "product_views")  # written by views
 REPORT_TABLE = ("ads_behavior", "member_daily_report")  # written by report
+
+
+def load_iceberg_table(spark, ident: str):
+    """The Iceberg Java table `ident` (org.apache.iceberg.Table), freshly loaded: the catalogs cache
+    no tables, so its metadata is the latest committed. Reads of it (snapshots, summaries, schema)
+    run in the driver, with no Spark job."""
+    return spark.sparkContext._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+        spark._jsparkSession, ident
+    )
+
 
 # Snapshot-summary key holding `{"<topic>": {"<partition>": next_offset, ...}}`.
 OFFSETS_KEY = progress_keys.KAFKA_OFFSETS

@@ -22,6 +22,7 @@ from tenacity import (
 )
 
 from jobs.common import progress_keys
+from jobs.common.lake_tables import load_iceberg_table
 from jobs.common.streaming_job import NeedsOperator
 
 log = logging.getLogger(__name__)
@@ -75,8 +76,7 @@ def read_stored_progress(spark, table: str, key: str) -> StoredProgress:
 def _ancestors(spark, table: str, from_snapshot: int | None = None, max_depth: int | None = None):
     """Snapshots from `from_snapshot` (default: the current one) back through their parents, read
     from the table's fresh metadata (the catalog cache is off)."""
-    jvm = spark.sparkContext._jvm
-    table_ref = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table)
+    table_ref = load_iceberg_table(spark, table)
     snapshot = table_ref.currentSnapshot() if from_snapshot is None else table_ref.snapshot(from_snapshot)
     depth = 0
     while snapshot is not None and (max_depth is None or depth < max_depth):
@@ -99,8 +99,7 @@ def main_snapshot(spark, table: str) -> int | None:
     """The id of `table`'s current snapshot (its `main` branch); None for a table with none yet.
     Read from the table's fresh metadata in the driver: a query of `{table}.refs` would be a Spark
     job, which views paid twice per batch."""
-    spark3_util = spark.sparkContext._jvm.org.apache.iceberg.spark.Spark3Util
-    current = spark3_util.loadIcebergTable(spark._jsparkSession, table).currentSnapshot()
+    current = load_iceberg_table(spark, table).currentSnapshot()
     return None if current is None else current.snapshotId()
 
 

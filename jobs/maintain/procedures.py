@@ -12,6 +12,7 @@ from typing import TypeVar
 
 from tenacity import RetryCallState, retry, retry_if_exception, stop_after_attempt, wait_exponential
 
+from jobs.common.lake_tables import load_iceberg_table
 from jobs.common.snapshot_progress import is_commit_conflict
 from jobs.maintain.retention import PROGRESS_PREFIX, ExpiryPlan, SnapshotInfo, expiry_plan
 
@@ -90,7 +91,7 @@ def table_stats(spark, ident: str) -> TableStats:
     (Iceberg writes them on every commit). A table with delete files, or a summary without them, is
     counted with a Spark job over its metadata tables, which costs the jobs beside a local run
     task slots twice per table and run."""
-    table = _iceberg_table(spark, ident)
+    table = load_iceberg_table(spark, ident)
     current = table.currentSnapshot()
     snapshots = _iterables(spark).size(table.snapshots())
     if current is None:
@@ -112,13 +113,6 @@ def table_stats(spark, ident: str) -> TableStats:
 def _iterables(spark):
     """Guava's Iterables as the Iceberg runtime ships it (to count a Java Iterable in one call)."""
     return spark.sparkContext._jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables
-
-
-def _iceberg_table(spark, ident: str):
-    """The Iceberg Java table `ident`, freshly loaded (the catalog caches no tables)."""
-    return spark.sparkContext._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
-        spark._jsparkSession, ident
-    )
 
 
 def read_snapshots(spark, ident: str) -> list[SnapshotInfo]:
@@ -199,7 +193,7 @@ def rewrite_data_files(spark, catalog: str, table: str, has_deletes: bool) -> st
 def manifest_count(spark, ident: str) -> int:
     """Data manifests of the table's current snapshot (what `rewrite_manifests` rewrites), from its
     metadata in the driver (no Spark job)."""
-    table = _iceberg_table(spark, ident)
+    table = load_iceberg_table(spark, ident)
     current = table.currentSnapshot()
     return 0 if current is None else current.dataManifests(table.io()).size()
 
@@ -257,10 +251,10 @@ def expire_snapshots(
 
 def _expire_in_driver(spark, ident: str, older_than_ms: int, retain_last: int) -> int:
     """Expire with `Table.expireSnapshots()` (files deleted by the driver); returns how many went."""
-    table = _iceberg_table(spark, ident)
+    table = load_iceberg_table(spark, ident)
     before = _snapshot_ids(table)
     table.expireSnapshots().expireOlderThan(older_than_ms).retainLast(retain_last).commit()
-    return len(before - _snapshot_ids(_iceberg_table(spark, ident)))  # jobs may commit meanwhile
+    return len(before - _snapshot_ids(load_iceberg_table(spark, ident)))  # jobs may commit meanwhile
 
 
 def _snapshot_ids(table) -> set[int]:
