@@ -28,10 +28,12 @@ from jobs.maintain.procedures import (
     error_summary,
     is_maintenance_conflict,
     manifest_count,
+    read_snapshots,
+    rewrite_data_files,
     rewrite_strategy,
     table_stats,
 )
-from jobs.maintain.retention import SnapshotInfo, expiry_plan
+from jobs.maintain.retention import SnapshotInfo, expiry_plan, snapshots_from_metadata
 
 stack = pytest.mark.stack
 
@@ -160,6 +162,39 @@ def test_expiry_cutoff_without_progress_is_the_retention():
     assert expiry_plan([snap(1, 5)], 3_600_000, retain_hours=0.5).older_than_ms == 1_800_000
 
 
+def test_snapshots_from_metadata_follow_the_log_and_the_current_ancestry():
+    progress = {OFFSETS_KEY: "{}", "added-records": "5"}
+    metadata = {
+        "current-snapshot-id": 4,
+        "snapshots": [
+            {"snapshot-id": 1, "timestamp-ms": 100, "summary": progress},
+            {"snapshot-id": 2, "parent-snapshot-id": 1, "timestamp-ms": 200, "summary": {}},
+            {"snapshot-id": 3, "parent-snapshot-id": 2, "timestamp-ms": 300, "summary": progress},
+            {"snapshot-id": 4, "parent-snapshot-id": 2, "timestamp-ms": 500, "summary": {}},
+            {"snapshot-id": 5, "parent-snapshot-id": 4, "timestamp-ms": 600, "summary": {}},  # staged
+        ],
+        # 3 was rolled back (2 made current again at 400); 1's log entry was expired.
+        "snapshot-log": [
+            {"snapshot-id": 2, "timestamp-ms": 200},
+            {"snapshot-id": 3, "timestamp-ms": 300},
+            {"snapshot-id": 2, "timestamp-ms": 400},
+            {"snapshot-id": 4, "timestamp-ms": 500},
+        ],
+    }
+    progress_keys = frozenset({OFFSETS_KEY})
+    assert Counter(snapshots_from_metadata(metadata)) == Counter(
+        [
+            SnapshotInfo(1, 100, False, None, progress_keys),
+            SnapshotInfo(2, 200, True, 200),
+            SnapshotInfo(2, 200, True, 400),
+            SnapshotInfo(3, 300, False, 300, progress_keys),
+            SnapshotInfo(4, 500, True, 500),
+            SnapshotInfo(5, 600, False, None),
+        ]
+    )
+    assert snapshots_from_metadata({"current-snapshot-id": -1}) == []
+
+
 def test_rewrite_strategy():
     assert rewrite_strategy("ods_behavior.clickevent", None) == (
         "sort",
@@ -167,6 +202,17 @@ def test_rewrite_strategy():
     )
     assert rewrite_strategy("ads_behavior.x", "a ASC NULLS FIRST") == ("sort", "a ASC NULLS FIRST")
     assert rewrite_strategy("dim_db.products", None) == ("binpack", None)
+
+
+def test_a_table_of_one_data_file_is_not_compacted():
+    # product_views (rewritten whole every batch) and small dimensions: no planning, no Spark job.
+    no_spark = None
+    assert rewrite_data_files(
+        no_spark, "lakehouse", "ads_behavior.product_views", TableStats(1, 900, 40, 0)
+    ) == ("1 data files: nothing to compact")
+    assert rewrite_data_files(no_spark, "lakehouse", "dim_db.products", TableStats(0, 0, 1, 0)).startswith(
+        "0 "
+    )
 
 
 def test_lost_commit_races_are_retried_and_summarized():
@@ -265,6 +311,74 @@ def test_compaction_keeps_rows_and_progress_and_expires_snapshots(
     # 16 appends left at least as many manifests: rewritten into few.
     assert report.steps["rewrite_manifests"].endswith(" -> 1"), report.steps
     assert manifest_count(spark, ident) < MIN_MANIFESTS_TO_REWRITE
+
+
+@stack
+def test_compaction_below_a_size_rewrites_only_the_small_files_and_keeps_every_row(
+    spark, lake_config, drop_after
+):
+    """The streaming application's runs: what was committed since the last run is compacted, the
+    files an earlier run wrote are left as they are (else every run rewrites the whole table)."""
+    name = "ods_behavior.maint_test_small_files"
+    ident = create_clicks(spark, name)
+    drop_after(ident)
+    append_batch(spark, ident, 0, rows=30_000)  # as an earlier run's output: large files
+    large = {
+        r[0]: r[1] for r in spark.sql(f"SELECT file_path, file_size_in_bytes FROM {ident}.files").collect()
+    }
+    for batch in range(1, 9):
+        append_batch(spark, ident, batch, rows=40)
+    files = {
+        r[0]: r[1] for r in spark.sql(f"SELECT file_path, file_size_in_bytes FROM {ident}.files").collect()
+    }
+    small = {path: size for path, size in files.items() if path not in large}
+    assert max(small.values()) < min(large.values()), (small, large)
+    rows_before = rows_of(spark, ident)
+    threshold = (max(small.values()) + min(large.values())) // 2
+
+    in_app = replace(AGGRESSIVE, compact_below_bytes=threshold, sort_and_rewrite_manifests=False)
+    report = maintain_table(spark, lake_config, name, in_app)
+
+    after = {r[0] for r in spark.sql(f"SELECT file_path FROM {ident}.files").collect()}
+    assert set(large) <= after  # not rewritten
+    assert not after & set(small)  # all compacted
+    assert len(after) <= len(large) + DAYS  # one new file per day partition at most
+    assert rows_of(spark, ident) == rows_before
+    assert sum(rows_before.values()) == 30_000 + 8 * 40
+    assert report.steps["rewrite_data_files"].startswith("binpack"), report.steps
+    assert f"{len(small)} files -> " in report.steps["rewrite_data_files"], report.steps
+    assert "rewrite_manifests" not in report.steps
+
+
+@stack
+def test_snapshots_read_from_metadata_match_the_metadata_tables(spark, drop_after):
+    ident = create_clicks(spark, "ods_behavior.maint_test_snapshot_log")
+    drop_after(ident)
+    for batch in range(3):
+        append_batch(spark, ident, batch, rows=5)
+    second = sorted(spark.sql(f"SELECT committed_at, snapshot_id FROM {ident}.snapshots").collect())[1][1]
+    spark.sql(f"CALL lakehouse.system.rollback_to_snapshot('{ident.split('.', 1)[1]}', {second})")
+    append_batch(spark, ident, 3, rows=5)
+    rows = spark.sql(
+        f"""SELECT s.snapshot_id, unix_millis(s.committed_at) AS committed_ms,
+                   map_keys(s.summary) AS summary_keys,
+                   coalesce(h.is_current_ancestor, false) AS is_current_ancestor,
+                   unix_millis(h.made_current_at) AS made_current_ms
+            FROM {ident}.snapshots s LEFT JOIN {ident}.history h ON h.snapshot_id = s.snapshot_id"""
+    ).collect()
+    from_tables = Counter(
+        SnapshotInfo(
+            r["snapshot_id"],
+            r["committed_ms"],
+            r["is_current_ancestor"],
+            r["made_current_ms"],
+            frozenset(k for k in r["summary_keys"] if k.startswith("lakehouse.")),
+        )
+        for r in rows
+    )
+    assert Counter(read_snapshots(spark, ident)) == from_tables
+    assert sum(from_tables.values()) == 5  # 4 snapshots, the second made current twice
+    assert [s.snapshot_id for s in from_tables if not s.is_current_ancestor] != []  # the rolled back one
 
 
 @stack

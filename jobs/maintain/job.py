@@ -57,6 +57,14 @@ class MaintainSettings:
     orphan_min_age_hours: float = DEFAULT_ORPHAN_MIN_AGE_HOURS
     skip_orphans: bool = False
     expire_in_driver: bool = False  # procedures.expire_snapshots: the streaming application's runs
+    # Compact only data files smaller than this (None: Iceberg's default, 75% of the target size, so
+    # locally every file). The streaming application's runs set it, so a run rewrites what was
+    # committed since the last one, not the whole day's partition again.
+    compact_below_bytes: int | None = None
+    # False: bin-pack every table (one Spark stage; the sort's sample and shuffle cost a cold run 2-3 s
+    # more beside the streaming jobs) and leave manifests to the compactions, which rewrite the ones
+    # holding the files they replace. The streaming application's runs; `maintain` sorts.
+    sort_and_rewrite_manifests: bool = True
 
 
 @dataclass
@@ -129,9 +137,19 @@ def maintain_table(spark, config: LakehouseConfig, table: str, settings: Maintai
     """Run every step on one table (`namespace.name`); one log line per step."""
     catalog = config.catalog.name
     report = TableReport(table, table_stats(spark, f"{catalog}.{table}"))
-    _run_step(report, procedures.rewrite_data_files, spark, catalog, table, report.before.delete_files > 0)
+    _run_step(
+        report,
+        procedures.rewrite_data_files,
+        spark,
+        catalog,
+        table,
+        report.before,
+        settings.compact_below_bytes,
+        settings.sort_and_rewrite_manifests,
+    )
     # Before the expiry, so the manifests these two rewrites replace are deleted in this same run.
-    _run_step(report, procedures.rewrite_manifests, spark, catalog, table)
+    if settings.sort_and_rewrite_manifests:
+        _run_step(report, procedures.rewrite_manifests, spark, catalog, table)
     _run_step(
         report,
         procedures.expire_snapshots,

@@ -3,6 +3,7 @@ judged by. Each call is one step; a step that loses a commit race to a streaming
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -10,11 +11,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypeVar
 
+from rich.filesize import decimal
 from tenacity import RetryCallState, retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from jobs.common.lake_tables import load_iceberg_table
 from jobs.common.snapshot_progress import is_commit_conflict
-from jobs.maintain.retention import PROGRESS_PREFIX, ExpiryPlan, SnapshotInfo, expiry_plan
+from jobs.maintain.retention import ExpiryPlan, SnapshotInfo, expiry_plan, snapshots_from_metadata
 
 log = logging.getLogger("maintain")
 T = TypeVar("T")
@@ -115,24 +117,17 @@ def _iterables(spark):
     return spark.sparkContext._jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables
 
 
+def table_metadata(spark, ident: str) -> dict:
+    """The table's current metadata (snapshots, their summaries and parents, the snapshot log) as
+    its metadata JSON: one call into the driver's JVM, no Spark job."""
+    metadata = load_iceberg_table(spark, ident).operations().current()
+    return json.loads(spark.sparkContext._jvm.org.apache.iceberg.TableMetadataParser.toJson(metadata))
+
+
 def read_snapshots(spark, ident: str) -> list[SnapshotInfo]:
-    rows = spark.sql(
-        f"""SELECT s.snapshot_id, unix_millis(s.committed_at) AS committed_ms,
-                   map_keys(s.summary) AS summary_keys,
-                   coalesce(h.is_current_ancestor, false) AS is_current_ancestor,
-                   unix_millis(h.made_current_at) AS made_current_ms
-            FROM {ident}.snapshots s LEFT JOIN {ident}.history h ON h.snapshot_id = s.snapshot_id"""
-    ).collect()
-    return [
-        SnapshotInfo(
-            r["snapshot_id"],
-            r["committed_ms"],
-            r["is_current_ancestor"],
-            r["made_current_ms"],
-            frozenset(k for k in r["summary_keys"] if k.startswith(PROGRESS_PREFIX)),
-        )
-        for r in rows
-    ]
+    """What the expiry plans from; read from the table's metadata in the driver. (A query of the
+    `snapshots` and `history` metadata tables was a Spark job per table and run.)"""
+    return snapshots_from_metadata(table_metadata(spark, ident))
 
 
 def write_order(spark, ident: str) -> str | None:
@@ -169,11 +164,27 @@ def rewrite_strategy(table: str, table_write_order: str | None) -> tuple[str, st
     return "binpack", None
 
 
-def rewrite_data_files(spark, catalog: str, table: str, has_deletes: bool) -> str:
-    strategy, order = rewrite_strategy(table, write_order(spark, f"{catalog}.{table}"))
+def rewrite_data_files(
+    spark,
+    catalog: str,
+    table: str,
+    stats: TableStats,
+    compact_below_bytes: int | None = None,
+    sort: bool = True,
+) -> str:
+    """Compact `table` (`namespace.name`), whose current counts are `stats`. `compact_below_bytes`:
+    rewrite only data files smaller than this (the ones commits since the last run added). `sort`
+    False: bin-pack, whatever order the table has."""
+    if stats.data_files <= 1 and stats.delete_files == 0:
+        return f"{stats.data_files} data files: nothing to compact"  # product_views, small dimensions
+    strategy, order = (
+        rewrite_strategy(table, write_order(spark, f"{catalog}.{table}")) if sort else ("binpack", None)
+    )
     options = dict(REWRITE_OPTIONS)
-    if has_deletes:
+    if stats.delete_files:
         options["remove-dangling-deletes"] = "true"
+    if compact_below_bytes is not None:
+        options["min-file-size-bytes"] = str(compact_below_bytes)
     args = {
         "table": f"'{table}'",
         "strategy": f"'{strategy}'",
@@ -184,8 +195,9 @@ def rewrite_data_files(spark, catalog: str, table: str, has_deletes: bool) -> st
     result = retry_step()(call)(spark, catalog, "rewrite_data_files", **args)[0].asDict()
     failed = result.get("failed_data_files_count") or 0
     return (
-        f"{f'sort by {order}' if order else 'binpack'}: "
-        f"{result['rewritten_data_files_count']} files -> {result['added_data_files_count']}"
+        f"{f'sort by {order}' if order else 'binpack'}"
+        + (f" (files under {decimal(compact_below_bytes)})" if compact_below_bytes is not None else "")
+        + f": {result['rewritten_data_files_count']} files -> {result['added_data_files_count']}"
         + (f", {failed} left for the next run after commit conflicts" if failed else "")
     )
 
@@ -251,14 +263,15 @@ def expire_snapshots(
 
 def _expire_in_driver(spark, ident: str, older_than_ms: int, retain_last: int) -> int:
     """Expire with `Table.expireSnapshots()` (files deleted by the driver); returns how many went."""
-    table = load_iceberg_table(spark, ident)
-    before = _snapshot_ids(table)
-    table.expireSnapshots().expireOlderThan(older_than_ms).retainLast(retain_last).commit()
-    return len(before - _snapshot_ids(load_iceberg_table(spark, ident)))  # jobs may commit meanwhile
+    before = _snapshot_ids(spark, ident)
+    load_iceberg_table(spark, ident).expireSnapshots().expireOlderThan(older_than_ms).retainLast(
+        retain_last
+    ).commit()
+    return len(before - _snapshot_ids(spark, ident))  # jobs may commit meanwhile
 
 
-def _snapshot_ids(table) -> set[int]:
-    return {snapshot.snapshotId() for snapshot in table.snapshots()}
+def _snapshot_ids(spark, ident: str) -> set[int]:
+    return {snapshot["snapshot-id"] for snapshot in table_metadata(spark, ident).get("snapshots", [])}
 
 
 def remove_orphan_files(spark, catalog: str, table: str, min_age_hours: float) -> str:

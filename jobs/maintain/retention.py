@@ -33,6 +33,29 @@ class ExpiryPlan:
     capped: bool  # older_than is earlier than the retention alone would put it
 
 
+def snapshots_from_metadata(metadata: dict) -> list[SnapshotInfo]:
+    """The table's snapshots from its metadata JSON (Iceberg's table metadata file format), as the
+    `snapshots` metadata table left-joined with `history` lists them: one row per entry of the
+    snapshot log (each time it was made current), one with no such time for a snapshot not in it,
+    and `is_current_ancestor` for a logged snapshot on the current snapshot's parent chain."""
+    snapshots = {s["snapshot-id"]: s for s in metadata.get("snapshots", [])}
+    ancestors, current = set(), metadata.get("current-snapshot-id")
+    while current in snapshots and current not in ancestors:
+        ancestors.add(current)
+        current = snapshots[current].get("parent-snapshot-id")
+    made_current: dict[int, list[int]] = {}
+    for entry in metadata.get("snapshot-log", []):
+        made_current.setdefault(entry["snapshot-id"], []).append(entry["timestamp-ms"])
+    found = []
+    for snapshot_id, snapshot in snapshots.items():
+        keys = frozenset(k for k in snapshot.get("summary", {}) if k.startswith(PROGRESS_PREFIX))
+        committed_ms = snapshot["timestamp-ms"]
+        for made_ms in made_current.get(snapshot_id, [None]):
+            is_ancestor = made_ms is not None and snapshot_id in ancestors
+            found.append(SnapshotInfo(snapshot_id, committed_ms, is_ancestor, made_ms, keys))
+    return found
+
+
 def progress_snapshots(
     snapshots: Iterable[SnapshotInfo], prefix: str = PROGRESS_PREFIX
 ) -> dict[str, SnapshotInfo]:
