@@ -1,9 +1,9 @@
 """The benchmark results file: `bench/results/RESULTS.md`, written by `make bench`, never by hand.
 
 Each bench run leaves `<name>.json` (its rows) and `<name>.meta.json` (when it ran and on what
-machine). The report is rebuilt from every pair in the results folder, so a partial run
-(`python -m bench cdc`) refreshes its own section and keeps the others, each under its own date;
-a section measured on another machine than the header's names that machine.
+machine), committed beside the report. The report is rebuilt from every pair in the results
+folder, so a partial run (`python -m bench cdc`) refreshes its own section and keeps the others,
+each under its own date; a section measured on another machine than the header's names that machine.
 """
 
 from __future__ import annotations
