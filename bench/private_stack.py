@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import statistics
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 
 @contextlib.contextmanager
 def private_stack(prefix: str, topic_retention: bool = True) -> Iterator:
-    """A LocalStack in a temp home, so a bench never touches the user's stack; purged afterwards."""
+    """A LocalStack in a temp home, so a bench never touches the user's stack; purged afterwards.
+    BENCH_LOG_DIR=DIR keeps its logs (the servers' and the jobs') in DIR/<prefix>-<time> first."""
     home = Path(tempfile.mkdtemp(prefix=f"lakehouse-bench-{prefix}-"))
     from lakehouse.local.settings import StackSettings
     from lakehouse.local.stack import LocalStack
@@ -24,7 +27,17 @@ def private_stack(prefix: str, topic_retention: bool = True) -> Iterator:
         stack.up(topic_retention=topic_retention)
         yield stack
     finally:
+        stack.down()
+        _keep_logs(settings.log_dir, prefix)
         stack.down(purge=True)
+
+
+def _keep_logs(log_dir: Path, prefix: str) -> None:
+    keep = os.environ.get("BENCH_LOG_DIR")
+    if keep and log_dir.exists():
+        target = Path(keep) / f"{prefix}-{time.strftime('%Y%m%dT%H%M%S')}"
+        shutil.copytree(log_dir, target)
+        print(f"bench logs kept in {target}")
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:

@@ -101,7 +101,9 @@ def _soak(
                     raise RuntimeError(f"maintain failed:\n{maintenance.stderr[-2000:]}")
                 maintained_at = sent
             stored_before = sum(stack.broker.stored_batches(stack.saved_secrets()).values())
+            began = time.strftime("%H:%M:%S", time.gmtime())
             measured = _produce(stack, work / "window.txt", rate=RATE, records=int(RATE * seconds))
+            print(f"window {milestone:,}: produced {began}-{time.strftime('%H:%M:%S', time.gmtime())} UTC")
             sent += len(measured)
             clicks, views = _caught_up(catalog, processes, measured)
             stored = stack.broker.stored_batches(stack.saved_secrets())

@@ -6,8 +6,10 @@ every Iceberg table in dim_db, ods_behavior and ads_behavior), in this order:
 1. `rewrite_data_files`: `ods_behavior.clickevent` is sorted by productId then eventTime (a
    one-product one-day query then reads one or a few files); another table is sorted by its own
    write order if it has one, else bin-packed. Partial progress: each file group commits on its own,
-   so a group that loses a race with a streaming commit is skipped, never the whole run.
-2. `rewrite_manifests`: few, well-clustered manifests after many tiny appends (from 10 data manifests).
+   so a group that loses a race with a streaming commit is skipped, never the whole run. The
+   streaming application's runs bin-pack the files under `compact_below_bytes` only.
+2. `rewrite_manifests`: few, well-clustered manifests after many tiny appends (from 10 data
+   manifests; not in the streaming application's runs).
 3. `expire_snapshots`: older than `--retain-hours`, keeping `--retain-last`, and never the snapshot
    a job resumes from. The streaming jobs keep their progress in snapshot summaries (keys starting
    with `lakehouse.`) and read it back from the newest current ancestor carrying the key, so

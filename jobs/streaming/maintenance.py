@@ -4,12 +4,13 @@ On AWS a state machine runs the `maintain` step hourly. The local stack has no s
 without compaction and snapshot expiry every small file and snapshot the streaming jobs add makes
 the next views batch slower (`bench soak`: views p95 grew from 6 to 12 s over 700k records). So
 locally the application runs the same steps itself, every `streaming_maintenance_minutes` (config),
-in a thread and FAIR pool of its own, beside the jobs: compaction, manifest rewrite and snapshot
-expiry (the jobs' resume snapshots are always kept); orphan removal stays with `lakehouse run
-maintain`, since it lists the whole warehouse. A table nothing was committed to since its last run
-began is skipped (after one expiry pass once that run's snapshots aged past the retention), so an
-idle stack does no maintenance. A failing run is logged and retried at the next interval; it never stops
-the jobs.
+in a thread and FAIR pool of its own, beside the jobs: compaction of the files under 1 MiB
+(bin-packed; what was committed since the last run, not the day's whole partition again) and
+snapshot expiry (the jobs' resume snapshots are always kept). The compactions keep the manifests
+few themselves, and orphan removal lists the whole warehouse: both stay with `lakehouse run
+maintain`, which also sorts. A table nothing was committed to since its last run began is skipped
+(after one expiry pass once that run's snapshots aged past the retention), so an idle stack does no
+maintenance. A failing run is logged and retried at the next interval; it never stops the jobs.
 """
 
 from __future__ import annotations
