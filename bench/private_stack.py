@@ -36,8 +36,11 @@ def _keep_logs(log_dir: Path, prefix: str) -> None:
     keep = os.environ.get("BENCH_LOG_DIR")
     if keep and log_dir.exists():
         target = Path(keep) / f"{prefix}-{time.strftime('%Y%m%dT%H%M%S')}"
-        shutil.copytree(log_dir, target)
-        print(f"bench logs kept in {target}")
+        try:
+            shutil.copytree(log_dir, target)
+            print(f"bench logs kept in {target}")
+        except OSError as exc:  # the stack is purged all the same, the bench's own error kept
+            print(f"warning: bench logs not kept in {target}: {exc}")
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:

@@ -11,9 +11,10 @@ from lakehouse.local.settings import StackSettings, object_store_ports
 
 def test_mariadb_and_the_broker_never_get_a_port_of_seaweedfs_block(monkeypatch, tmp_path):
     monkeypatch.setattr(settings, "port_bindable", lambda port: True)
-    # SeaweedFS's block at 15000 (15000-15006, gRPC 25001-25006) is picked first; then a port inside
-    # it, a gRPC one, 15020 for MariaDB, 15020 again, the default stack's broker port and 15021.
-    picks = iter([15000, 15005, 25003, 15020, 15020, 19092, 15021])
+    # SeaweedFS's block at 15000 (15000-15006, gRPC 25000-25006) is picked first; then a port inside
+    # it, gRPC's base (the S3 gateway's), 15020 for MariaDB, 15020 again, the default stack's broker
+    # port and 15021.
+    picks = iter([15000, 15005, 25000, 15020, 15020, 19092, 15021])
     monkeypatch.setattr("random.choice", lambda candidates: next(picks))
     chosen = StackSettings.on_free_ports(tmp_path)
     assert (chosen.mysql_port, chosen.kafka_port, chosen.s3_port) == (15020, 15021, 15000)
@@ -29,12 +30,16 @@ def test_ports_held_by_a_server_are_not_picked(monkeypatch, tmp_path):
     assert (chosen.mysql_port, chosen.kafka_port, chosen.s3_port) == (15021, 15022, 16000)
 
 
+def test_seaweedfs_block_is_every_port_weed_mini_binds():
+    # Seen on a running stack at 16740: 16740-16746 and gRPC 26740-26744.
+    assert {*range(16740, 16747), *range(26740, 26745)} <= set(object_store_ports(16740))
+
+
 def test_picked_ports_are_outside_the_kernels_ephemeral_range_and_point_subprocesses_at_the_stack(tmp_path):
     chosen = StackSettings.on_free_ports(tmp_path)
     ports = [chosen.mysql_port, chosen.kafka_port, *object_store_ports(chosen.s3_port)]
     assert len(set(ports)) == len(ports)
     assert max(ports) < 32768
-    assert StackSettings.resolve(tmp_path) != chosen  # nothing recorded yet: defaults
     env = chosen.environment()
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():

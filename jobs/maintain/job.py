@@ -63,7 +63,7 @@ class MaintainSettings:
     # locally every file). The streaming application's runs set it, so a run rewrites what was
     # committed since the last one, not the whole day's partition again.
     compact_below_bytes: int | None = None
-    # False: bin-pack every table (one Spark stage; the sort's sample and shuffle cost a cold run 2-3 s
+    # False: bin-pack every table (one Spark stage; the sort's sample and shuffle cost a cold run 1.4 s
     # more beside the streaming jobs) and leave manifests to the compactions, which rewrite the ones
     # holding the files they replace. The streaming application's runs; `maintain` sorts.
     sort_and_rewrite_manifests: bool = True

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypeVar
 
-from rich.filesize import decimal
 from tenacity import RetryCallState, retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from jobs.common.lake_tables import load_iceberg_table
@@ -196,7 +195,7 @@ def rewrite_data_files(
     failed = result.get("failed_data_files_count") or 0
     return (
         f"{f'sort by {order}' if order else 'binpack'}"
-        + (f" (files under {decimal(compact_below_bytes)})" if compact_below_bytes is not None else "")
+        + (f" (files under {compact_below_bytes / 2**20:g} MiB)" if compact_below_bytes is not None else "")
         + f": {result['rewritten_data_files_count']} files -> {result['added_data_files_count']}"
         + (f", {failed} left for the next run after commit conflicts" if failed else "")
     )

@@ -134,9 +134,10 @@ def port_bindable(port: int) -> bool:
 
 
 def object_store_ports(base: int) -> list[int]:
-    """The ports SeaweedFS binds for S3 port `base`: the block after it, and gRPC's (+ 10000)."""
+    """The ports SeaweedFS binds for S3 port `base`: the block from it, and gRPC's (+ 10000; `weed
+    mini` listens on base + 10000 to base + 10004: the whole block's are reserved)."""
     own = [base + i for i in range(S3_PORT_SPAN)]
-    return own + [port + 10_000 for port in own[1:]]
+    return own + [port + 10_000 for port in own]
 
 
 # Below the kernel's ephemeral range (32768-60999 here), so no outgoing connection is handed a port
