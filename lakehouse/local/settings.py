@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,25 +152,24 @@ def free_stack_ports() -> tuple[int, int, int]:
     the default stack's (which may be started later). SeaweedFS's block is picked first and the two
     single ports outside it: picked apart, the broker was once handed 41005, inside the block at
     41000, and the stack failed to start."""
+    taken = {DEFAULT_PORTS["mysql"], DEFAULT_PORTS["kafka"], *object_store_ports(DEFAULT_PORTS["s3"])}
+
+    def free(ports: list[int]) -> bool:
+        return all(port not in taken and port_bindable(port) for port in ports)
+
+    s3 = _pick_at_random(_BLOCK_BASES, lambda base: free(object_store_ports(base)), "SeaweedFS port block")
+    taken.update(object_store_ports(s3))
+    mysql = _pick_at_random(_SINGLE_PORTS, lambda port: free([port]), "local port")
+    taken.add(mysql)
+    kafka = _pick_at_random(_SINGLE_PORTS, lambda port: free([port]), "local port")
+    return mysql, kafka, s3
+
+
+def _pick_at_random(candidates: range, fits: Callable[[int], bool], what: str) -> int:
     import random
 
-    defaults = {DEFAULT_PORTS["mysql"], DEFAULT_PORTS["kafka"], *object_store_ports(DEFAULT_PORTS["s3"])}
     for _ in range(200):
-        s3 = random.choice(_BLOCK_BASES)
-        block = object_store_ports(s3)
-        if not defaults.intersection(block) and all(port_bindable(port) for port in block):
-            break
-    else:
-        raise RuntimeError("no free block of local ports for SeaweedFS")
-    taken = defaults | set(block)
-    singles = []
-    for _ in range(2):
-        for _ in range(200):
-            port = random.choice(_SINGLE_PORTS)
-            if port not in taken and port_bindable(port):
-                break
-        else:
-            raise RuntimeError("no free local port")
-        taken.add(port)
-        singles.append(port)
-    return singles[0], singles[1], s3
+        choice = random.choice(candidates)
+        if fits(choice):
+            return choice
+    raise RuntimeError(f"no free {what}")
