@@ -116,10 +116,11 @@ def _iterables(spark):
     return spark.sparkContext._jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables
 
 
-def table_metadata(spark, ident: str) -> dict:
+def table_metadata(spark, ident: str, table=None) -> dict:
     """The table's current metadata (snapshots, their summaries and parents, the snapshot log) as
-    its metadata JSON: one call into the driver's JVM, no Spark job."""
-    metadata = load_iceberg_table(spark, ident).operations().current()
+    its metadata JSON: one call into the driver's JVM, no Spark job. `table`: the Iceberg Java
+    table `ident`, if already loaded."""
+    metadata = (table or load_iceberg_table(spark, ident)).operations().current()
     return json.loads(spark.sparkContext._jvm.org.apache.iceberg.TableMetadataParser.toJson(metadata))
 
 
@@ -262,15 +263,14 @@ def expire_snapshots(
 
 def _expire_in_driver(spark, ident: str, older_than_ms: int, retain_last: int) -> int:
     """Expire with `Table.expireSnapshots()` (files deleted by the driver); returns how many went."""
-    before = _snapshot_ids(spark, ident)
-    load_iceberg_table(spark, ident).expireSnapshots().expireOlderThan(older_than_ms).retainLast(
-        retain_last
-    ).commit()
-    return len(before - _snapshot_ids(spark, ident))  # jobs may commit meanwhile
+    table = load_iceberg_table(spark, ident)
+    before = _snapshot_ids(table_metadata(spark, ident, table))
+    table.expireSnapshots().expireOlderThan(older_than_ms).retainLast(retain_last).commit()
+    return len(before - _snapshot_ids(table_metadata(spark, ident)))  # jobs may commit meanwhile
 
 
-def _snapshot_ids(spark, ident: str) -> set[int]:
-    return {snapshot["snapshot-id"] for snapshot in table_metadata(spark, ident).get("snapshots", [])}
+def _snapshot_ids(metadata: dict) -> set[int]:
+    return {snapshot["snapshot-id"] for snapshot in metadata.get("snapshots", [])}
 
 
 def remove_orphan_files(spark, catalog: str, table: str, min_age_hours: float) -> str:
