@@ -17,11 +17,12 @@ JACKSON_RELOCATED_JAR = "iceberg-jackson-relocated-2.15.2.jar"
 SQLITE_JDBC_JAR = Path("/usr/share/java/sqlite-jdbc.jar")
 # Built by `make setup` (lakehouse/local/class_archive.py): Spark's classes, ready to map.
 LOCAL_CLASS_ARCHIVE = Path(sys.prefix) / "share" / "lakehouse" / "jvm" / "spark.jsa"
-# G1 treats an object of half a heap region or more as humongous: each one starts a concurrent
-# cycle. With the 2 MB regions of a 3 GB heap, every hash aggregation's 32 MB page, every broadcast's
-# 4 MB block (one per stage: the task binary) and every 1 MB task-result chunk was one; in the
-# streaming application they cost 3.9 of 4.5 s of GC pauses in its first 85 s. Regions of 16 MB
-# and pages of 4 MB make them ordinary objects (issue 26).
+# G1 allocates an object of more than half a heap region (humongous) straight into old-generation
+# regions of its own, and each such allocation may start a concurrent cycle. With the 2 MB regions
+# of a 3 GB heap, every hash aggregation's 32 MB page, every broadcast's 4 MB block (one per stage:
+# the task binary) and every 1 MB task-result chunk was one; in the streaming application they cost
+# 3.9 of 4.5 s of GC pauses in its first 85 s. Regions of 16 MB and pages of 4 MB make them ordinary
+# objects (issue 26).
 LOCAL_G1_REGION_BYTES = 16 << 20
 LOCAL_PAGE_BYTES = 4 << 20
 LOCAL_DRIVER_JAVA_OPTIONS = f"-Duser.timezone=UTC -XX:+UseG1GC -XX:G1HeapRegionSize={LOCAL_G1_REGION_BYTES}"
@@ -85,7 +86,8 @@ def spark_conf(config: LakehouseConfig) -> dict[str, str]:
                 "spark.ui.enabled": "false",
                 "spark.ui.showConsoleProgress": "false",
                 "spark.sql.adaptive.coalescePartitions.enabled": "true",
-                # Spark's default page is heap / cores / 16 (32 MB here): see LOCAL_G1_REGION_BYTES.
+                # Spark's default page: execution memory / cores / 16, rounded up to a power of two (32 MB for
+                # a 3 GB heap on 2 cores); see LOCAL_G1_REGION_BYTES.
                 "spark.buffer.pageSize": str(LOCAL_PAGE_BYTES),
                 "spark.driver.extraJavaOptions": " ".join(
                     (LOCAL_DRIVER_JAVA_OPTIONS, *class_archive_options(LOCAL_CLASS_ARCHIVE))
