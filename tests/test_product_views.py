@@ -304,3 +304,44 @@ def test_a_views_commit_that_landed_but_reported_failure_counts_each_click_once(
     expected = Counter(str(i % 20) for count in (40, 30, 20) for i in range(count * PARTITIONS))
     assert Counter({r[0]: r[3] for r in views_rows(spark, names["views"])}) == expected
     assert views_rows(spark, names["views"]) == source_statistic(spark, names["clicks"])
+
+
+def test_a_views_commit_sends_its_rows_as_arrow_and_keeps_untouched_rows_exactly(
+    spark, names, monkeypatch
+) -> None:
+    """Each commit rewrites the whole (small) view. Its rows must reach the JVM as Arrow, a local
+    relation in the plan: `createDataFrame` of a Python list pickles them through a Python worker,
+    which made every commit wait ~450 ms on a busy box (issue 26). A restarted job reads the rows
+    back (PySpark returns naive local times) and must write the untouched ones unchanged, whatever
+    the local time zone."""
+    from pyspark.sql.readwriter import DataFrameWriterV2
+
+    monkeypatch.setenv("TZ", "America/New_York")  # the Python side's local time; Spark's stays UTC
+    time.tzset()
+    try:
+        for statement in fact_table_ddl(names["clicks"]):
+            spark.sql(statement)
+        append_clicks(spark, names["clicks"], 0, 20, topic="clicktopic")  # 3 clicks of each product
+        assert catch_up(new_views(spark, names)) == 20 * PARTITIONS
+        read = f"SELECT productId, views, updated_at FROM {names['views']}"
+        before = {r[0]: r[2] for r in spark.sql(read).collect()}
+
+        overwrite, plans = DataFrameWriterV2.overwrite, []
+
+        def recording_the_plan(self, condition):
+            plans.append(self._df._jdf.queryExecution().analyzed().toString())
+            return overwrite(self, condition)
+
+        monkeypatch.setattr(DataFrameWriterV2, "overwrite", recording_the_plan)
+        spark.sql(f"""INSERT INTO {names["clicks"]}
+                      SELECT 10, '10001', '3', 'cookie', 3, TIMESTAMP '2026-11-20 10:00:00', NULL, NULL,
+                             '20261120', 0, 20, current_timestamp()""")  # one more click of product 3
+        assert catch_up(new_views(spark, names)) == 1  # a restart: the base rows are read back
+        after = spark.sql(read).collect()
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert len(plans) == 1 and "LocalRelation" in plans[0] and "LogicalRDD" not in plans[0], plans
+    assert {r[0]: r[1] for r in after} == {str(p): 4 if p == 3 else 3 for p in range(20)}
+    assert {r[0]: r[2] for r in after if r[0] != "3"} == {p: t for p, t in before.items() if p != "3"}
+    assert next(r[2] for r in after if r[0] == "3") > before["3"]

@@ -26,8 +26,10 @@ from datetime import UTC, datetime
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import DecimalType, LongType, StringType, StructField, StructType, TimestampType
 
 from jobs.common import progress_keys
+from jobs.common.arrow_frames import arrow_frame
 from jobs.common.lake_tables import FACT_TABLE, OFFSETS_KEY, VIEWS_TABLE, offsets_at_or_after
 from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink, guarded
 from jobs.common.snapshot_progress import (
@@ -154,10 +156,16 @@ def fold_delta(rows: Sequence, watermark: Watermark) -> Delta:
     return Delta(dict(counts), advanced, newest)
 
 
-VIEWS_SCHEMA = (
-    "productId string, name string, product_price decimal(10,4), views bigint, updated_at timestamp"
+VIEWS_SCHEMA = StructType(
+    [
+        StructField("productId", StringType()),
+        StructField("name", StringType()),
+        StructField("product_price", DecimalType(10, 4)),
+        StructField("views", LongType()),
+        StructField("updated_at", TimestampType()),
+    ]
 )
-VIEWS_COLUMNS = (*GROUP_COLUMNS, "views", "updated_at")
+VIEWS_COLUMNS = tuple(VIEWS_SCHEMA.names)
 
 
 def with_delta(base: Sequence, delta: Delta, now: datetime) -> list[tuple]:
@@ -168,6 +176,22 @@ def with_delta(base: Sequence, delta: Delta, now: datetime) -> list[tuple]:
         before, _ = rows.get(group, (0, None))
         rows[group] = (before + views, now)
     return [(*group, views, updated_at) for group, (views, updated_at) in rows.items()]
+
+
+def views_frame(spark: SparkSession, rows: Sequence[tuple]) -> DataFrame:
+    """The view's rows (VIEWS_COLUMNS) as a DataFrame sent to the JVM as Arrow. `createDataFrame` of
+    a list would pickle them through a Python worker: ~450 ms of each commit in a fresh application's
+    first minute on the 2-core box, where this takes ~45 ms."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema = to_arrow_schema(VIEWS_SCHEMA)
+    columns = [list(column) for column in zip(*rows, strict=True)] or [[] for _ in VIEWS_COLUMNS]
+    # Times read back from the table are naive local times (PySpark's convention): make them UTC.
+    at = VIEWS_COLUMNS.index("updated_at")
+    columns[at] = [t if t is None or t.tzinfo else t.astimezone(UTC) for t in columns[at]]
+    arrays = [pa.array(column, type=field.type) for column, field in zip(columns, schema, strict=True)]
+    return arrow_frame(spark, pa.Table.from_arrays(arrays, schema=schema), VIEWS_SCHEMA)
 
 
 # ---- the job -----------------------------------------------------------------------------------------
@@ -315,7 +339,7 @@ class ProductViews(StreamingJob):
             if base is None:
                 base = self._table_rows(base_snapshot)
             written = with_delta(base, delta, now)
-            rows = self.spark.createDataFrame(written, VIEWS_SCHEMA)
+            rows = views_frame(self.spark, written)
             options = {**summary, **exclusive_append_options(base_snapshot)}
             self._rows = None  # until this write is known to have landed
             try:
