@@ -30,6 +30,11 @@ KAFKA_VERSION = "3.8.x"
 EMR_TLS_CERTIFICATES_KEY = "security/emr-tls-certificates.zip"
 
 
+# dev only: the roles `lakehouse aws preflight --env dev --pin-azs` pinned as lake readers (the person who
+# deploys dev is the one who queries it with Athena, which reads as the caller).
+DEV_LAKE_READERS_CONTEXT_KEY = "lakehouse:dev-lake-readers"
+
+
 def az_context_key(account: str, region: str) -> str:
     """The cdk.context.json key under which `lakehouse aws preflight --pin-azs` pins the AZs it chose
     for an account/region; `infra/lakehouse_app.py` reads them from there."""
@@ -231,6 +236,21 @@ class DeploymentConfig:
     parked: bool = False
 
     @property
+    def unpinned_azs_error(self) -> str | None:
+        """Why an account-bound synth cannot be deployed yet, or None. AZ names map to different
+        physical zones per account (and MSK cannot use some zone IDs), so names are never guessed:
+        they come pinned from the preflight, or -c azs=. Not raised at synth: `cdk bootstrap` in this
+        folder synthesizes the app too, before the preflight can pin anything; the Network stack
+        carries it as an error, which stops `cdk deploy` and `cdk synth` but not the bootstrap."""
+        if not self.region or self.availability_zones:
+            return None
+        return (
+            f"no availability zones chosen for account {self.account} in {self.region}: run "
+            f"`lakehouse aws preflight --env {self.env_name} --pin-azs` (picks them by zone ID and pins "
+            "them in cdk.context.json), or pass -c azs=<az1>,<az2>[,<az3>]"
+        )
+
+    @property
     def removal_policy(self) -> Removal:
         return Removal.RETAIN if self.retain_data else Removal.DESTROY
 
@@ -293,14 +313,6 @@ class DeploymentConfig:
             # Half an environment would make CDK do lookups for the other half: stay agnostic.
             account = region = None
         azs = availability_zones
-        if region and not azs:
-            # AZ names map to different physical zones per account (and MSK cannot use some zone
-            # IDs), so names are never guessed: they come pinned from the preflight, or -c azs=.
-            raise ConfigError(
-                f"no availability zones chosen for account {account} in {region}: run "
-                f"`lakehouse aws preflight --env {env_name} --pin-azs` (picks them by zone ID and pins "
-                "them in cdk.context.json), or pass -c azs=<az1>,<az2>[,<az3>]"
-            )
         if alert_email is not None and not re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", alert_email):
             raise ConfigError(f"-c alert_email={alert_email}: not an e-mail address")
         if alert_email:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from aws_cdk import App
 
 from infra import emr_package
-from infra.config import AccessSettings, DeploymentConfig, az_context_key
+from infra.config import DEV_LAKE_READERS_CONTEXT_KEY, AccessSettings, DeploymentConfig, az_context_key
 from infra.nag import add_nag_checks
 from infra.stacks import LakehouseStacks
 from jobs.config import ConfigError
@@ -21,7 +21,8 @@ def config_from_context(app: App, environ: Mapping[str, str] = os.environ) -> De
     """The only place context is read: `-c env=dev|prod` (default dev), optional `-c azs=a,b`, the
     AZs `lakehouse aws preflight --pin-azs` pinned in cdk.context.json, `-c parked=true` (dev; set
     by `lakehouse aws park`), `-c alert_email=you@example.com` (subscribes it to the alerts), and
-    `-c lake_readers=<role arn>,…` / `-c security_admins=<role arn>,…` (infra/access.py).
+    `-c lake_readers=<role arn>,…` / `-c security_admins=<role arn>,…` (infra/access.py); in dev also
+    the lake readers the preflight pinned (`lakehouse:dev-lake-readers`, the person who deployed).
 
 
     Account and region come from the CLI's environment (CDK_DEFAULT_ACCOUNT/REGION) when both are
@@ -39,6 +40,13 @@ def config_from_context(app: App, environ: Mapping[str, str] = os.environ) -> De
     if parked not in ("true", "false"):
         raise ConfigError(f"-c parked={parked}: expected true or false")
     alert_email = app.node.try_get_context("alert_email")
+    lake_readers = app.node.try_get_context("lake_readers")
+    if env_name == "dev":
+        # The preflight pinned whoever ran it (cdk.context.json): Athena reads as the caller and the
+        # warehouse bucket lets only named roles read, so without this the deployer's own query fails.
+        pinned = app.node.try_get_context(DEV_LAKE_READERS_CONTEXT_KEY) or []
+        given = lake_readers if isinstance(lake_readers, list | tuple) else str(lake_readers or "").split(",")
+        lake_readers = [*(r for r in given if str(r).strip()), *pinned] or None
     return DeploymentConfig.for_env(
         str(env_name),
         account=account,
@@ -47,7 +55,7 @@ def config_from_context(app: App, environ: Mapping[str, str] = os.environ) -> De
         parked=parked == "true",
         alert_email=str(alert_email) if alert_email else None,
         access=AccessSettings.from_context(
-            app.node.try_get_context("lake_readers"), app.node.try_get_context("security_admins")
+            lake_readers, app.node.try_get_context("security_admins")
         ),
     )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aws_cdk import App, Aspects, Aws, CfnOutput, Environment, Stack, Tags
+from aws_cdk import Annotations, App, Aspects, Aws, CfnOutput, Environment, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
@@ -57,6 +57,8 @@ class _LakehouseStack(Stack):
 class NetworkStack(_LakehouseStack):
     def __init__(self, scope: Construct, config: DeploymentConfig) -> None:
         super().__init__(scope, config, "Network", "VPC, NAT, endpoints, flow logs")
+        if config.unpinned_azs_error:
+            Annotations.of(self).add_error(config.unpinned_azs_error)
         self.network = Network(
             self,
             "Network",

@@ -273,7 +273,11 @@ aws_profile_option = click.option("--profile", help="AWS profile (default: the u
 @aws_env_option
 @aws_region_option
 @aws_profile_option
-@click.option("--pin-azs", is_flag=True, help="write the AZs chosen by zone ID into cdk.context.json")
+@click.option(
+    "--pin-azs",
+    is_flag=True,
+    help="write the AZs chosen by zone ID into cdk.context.json (dev: also you, as a lake reader)",
+)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def preflight(env_name: str, region: str | None, profile: str | None, pin_azs: bool, as_json: bool) -> None:
     """Check an account/region before the first `cdk deploy` and say what to fix."""
@@ -287,6 +291,9 @@ def preflight(env_name: str, region: str | None, profile: str | None, pin_azs: b
     results, azs = checks.run_checks(session, env_name, config, bucket, warehouse)
     if pin_azs and len(azs) == config.network.max_azs:
         checks.pin_azs(Path("cdk.context.json"), account, session.region_name, azs)
+    reader = checks.caller_role_arn(session) if pin_azs and env_name == "dev" else None
+    if reader:
+        checks.pin_lake_reader(Path("cdk.context.json"), reader)
     if as_json:
         out.print_json(json.dumps({"account": account, "region": session.region_name, "azs": azs,
                                    "checks": [c.__dict__ for c in results]}))  # fmt: skip
@@ -300,6 +307,11 @@ def preflight(env_name: str, region: str | None, profile: str | None, pin_azs: b
         if pin_azs:
             out.print(f"pinned {azs} in cdk.context.json" if len(azs) == config.network.max_azs else
                       "AZs not pinned: not enough usable zones")  # fmt: skip
+        if reader:
+            out.print(f"pinned {reader} as a dev lake reader: Athena queries run as you")
+        elif pin_azs and env_name == "dev":
+            out.print("you are not an IAM role: Athena reads the tables as the caller, and the warehouse "
+                      "bucket lets only roles named in lake_readers read (docs/security.md)")  # fmt: skip
     if not all(check.ok for check in results):
         sys.exit(1)
 

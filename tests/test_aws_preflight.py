@@ -9,6 +9,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
+from s3_answers import S3AsAwsAnswers
 from support import run_cli
 
 from infra.config import EMR_TLS_CERTIFICATES_KEY, DeploymentConfig
@@ -48,6 +49,17 @@ class QuotaStubbedSession:
                 settings = {"ConcurrentExecutions": limit, "UnreservedConcurrentExecutions": unreserved}
                 stub.add_response("get_account_settings", {"AccountLimit": settings}, {})
             stub.activate()
+        return client
+
+
+class OperatorSession(QuotaStubbedSession):
+    """The operator as the artifacts bucket sees them: allowed to list it, denied every read under
+    security/ by its policy (infra/constructs/lake_storage.py, OnlyTheClusterReadsTlsMaterial)."""
+
+    def client(self, name: str):
+        client = super().client(name)
+        if name == "s3":
+            return S3AsAwsAnswers(client, may_list_bucket=True, read_denied_prefixes=("security/",))
         return client
 
 
@@ -110,6 +122,18 @@ def test_what_is_missing_is_reported_with_the_fix(aws):
     certificate = checks["prod TLS certificate"]
     assert not certificate.ok and EMR_TLS_CERTIFICATES_KEY in certificate.found
     assert checks["EMR release"].ok and checks["availability zones"].ok
+
+
+def test_a_present_certificate_is_found_although_the_operator_may_not_read_it(aws):
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket="bucket")
+    config = DeploymentConfig.for_env("prod")
+    missing = by_name(preflight.run_checks(OperatorSession(64), "prod", config, "bucket")[0])
+    assert not missing["prod TLS certificate"].ok
+    assert missing["prod TLS certificate"].found.startswith("missing: ")
+    s3.put_object(Bucket="bucket", Key=EMR_TLS_CERTIFICATES_KEY, Body=b"zip")
+    present = by_name(preflight.run_checks(OperatorSession(64), "prod", config, "bucket")[0])
+    assert present["prod TLS certificate"].ok, present["prod TLS certificate"]
 
 
 @pytest.mark.parametrize(
@@ -216,3 +240,32 @@ def test_the_glue_databases_of_another_environment_stop_the_deploy(aws):
     clash = by_name(checks)["Glue databases"]
     assert not clash.ok and "ods_behavior (s3://lakehouse-dev-warehouse-1-r/" in clash.found
     assert "own account or region" in clash.fix
+
+
+def test_the_dev_preflight_pins_the_caller_s_role_with_its_path_as_a_lake_reader(aws, tmp_path):
+    from infra.config import DEV_LAKE_READERS_CONTEXT_KEY
+
+    iam = boto3.client("iam", region_name=REGION)
+    statement = {"Effect": "Allow", "Action": "sts:AssumeRole", "Principal": {"AWS": "123456789012"}}
+    trust = {"Version": "2012-10-17", "Statement": [statement]}
+    role = iam.create_role(RoleName="Admin", Path="/team/", AssumeRolePolicyDocument=json.dumps(trust))[
+        "Role"
+    ]
+    credentials = boto3.client("sts", region_name=REGION).assume_role(
+        RoleArn=role["Arn"], RoleSessionName="me@example.com"
+    )["Credentials"]
+    session = boto3.Session(
+        region_name=REGION,
+        aws_access_key_id=credentials["AccessKeyId"],
+        aws_secret_access_key=credentials["SecretAccessKey"],
+        aws_session_token=credentials["SessionToken"],
+    )
+    arn = preflight.caller_role_arn(session)
+    assert arn == "arn:aws:iam::123456789012:role/team/Admin"  # the role with its path, not the session
+    context = tmp_path / "cdk.context.json"
+    context.write_text(json.dumps({"other": 1}))
+    preflight.pin_lake_reader(context, arn)
+    preflight.pin_lake_reader(context, arn)  # again: once
+    assert json.loads(context.read_text()) == {"other": 1, DEV_LAKE_READERS_CONTEXT_KEY: [arn]}
+    # moto's default caller is an IAM user: no role, nothing to pin
+    assert preflight.caller_role_arn(boto3.Session(region_name=REGION)) is None

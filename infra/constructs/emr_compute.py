@@ -293,10 +293,11 @@ class EmrCompute(Construct):
         self.tls_certificates = self._tls_certificates(
             artifacts_bucket_name, settings, roles.tls_certificates
         )
+        # Note: no fixed name. Any change to the configuration replaces it, and CloudFormation creates
+        # the new one before deleting the old: a fixed name would still be taken and fail the update.
         self.security_configuration = emr.CfnSecurityConfiguration(
             self,
             "SecurityConfiguration",
-            name=f"{cluster_name}-security",
             security_configuration={
                 "EncryptionConfiguration": {
                     "EnableAtRestEncryption": True,
@@ -437,7 +438,7 @@ class EmrCompute(Construct):
             ),
             job_flow_role=self.instance_profile.ref,
             service_role=self.service_role.role_arn,
-            security_configuration=self.security_configuration.name,
+            security_configuration=self.security_configuration.ref,
             log_uri=log_uri,
             step_concurrency_level=settings.step_concurrency_level,
             managed_scaling_policy=emr.CfnCluster.ManagedScalingPolicyProperty(

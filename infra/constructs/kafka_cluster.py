@@ -84,10 +84,12 @@ class KafkaCluster(Construct):
         )
 
         # Topics are created explicitly (AWS::MSK::Topic below); durability follows the env's size.
+        # The name (required, unique) carries the Kafka version: a version change replaces the
+        # configuration, and a new resource under the old name would fail the update.
         configuration = msk.CfnConfiguration(
             self,
             "BrokerConfiguration",
-            name=f"{cluster_name}-config",
+            name=f"{cluster_name}-config-{settings.kafka_version.replace('.', '-')}",
             kafka_versions_list=[settings.kafka_version],
             server_properties="\n".join(
                 [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Aws, Duration, RemovalPolicy
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_events as events
@@ -58,6 +58,19 @@ class Monitoring(Construct):
             key.grant(iam.ServicePrincipal(service), "kms:Decrypt", "kms:GenerateDataKey*")
         self.topic = sns.Topic(
             self, "AlertsTopic", display_name="Lakehouse alerts", master_key=key, enforce_ssl=True
+        )
+        # A topic policy replaces SNS's default one, so every service that publishes needs its own
+        # statement: EventBridge gets one from its target (and takes no Condition block there); CloudWatch
+        # alarms get this one, limited to this account's alarms (tests/infra/aws_behaviour.py).
+        alarms = f"arn:{Aws.PARTITION}:cloudwatch:{Aws.REGION}:{Aws.ACCOUNT_ID}:alarm:*"
+        self.topic.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="CloudWatchAlarmsPublish",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["sns:Publish"],
+                resources=[self.topic.topic_arn],
+                conditions={"ArnLike": {"aws:SourceArn": alarms}},
+            )
         )
         if settings.alarm_email:
             self.topic.add_subscription(subscriptions.EmailSubscription(settings.alarm_email))

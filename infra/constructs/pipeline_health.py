@@ -129,7 +129,9 @@ class PipelineHealth(Construct):
             f"more than {settings.rejects_ratio:.0%} of the clicks rejected over 15 min "
             "(see ods_behavior.clickevent_rejects.reject_reason)",
             cloudwatch.MathExpression(
-                expression="rejects / MAX([records, 1])",
+                # No clicks in a window: 0 / 0, a data point CloudWatch drops ("divide by zero ... the
+                # data point is dropped", metric math reference), and missing data does not breach.
+                expression="rejects / records",
                 using_metrics={
                     "rejects": job_metric("Rejects", *CLICKS, "Sum", Duration.minutes(15)),
                     "records": job_metric("RecordsIn", *CLICKS, "Sum", Duration.minutes(15)),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from infra.config import az_context_key
+from infra.config import DEV_LAKE_READERS_CONTEXT_KEY, az_context_key
 from jobs.config import NAMESPACES
 
 # Zone IDs where MSK cannot place brokers (AWS MSK docs: "use1-az3" in us-east-1).
@@ -169,9 +169,17 @@ def run_checks(
 
         def certificate() -> Check:
             uri = f"s3://{artifacts_bucket}/{EMR_TLS_CERTIFICATES_KEY}"
+            # Listed, not read: the bucket denies reads under security/ to all but the cluster, the
+            # TLS function and `security_admins`, so a HEAD as the operator answers 403 either way.
             try:
-                session.client("s3").head_object(Bucket=artifacts_bucket, Key=EMR_TLS_CERTIFICATES_KEY)
-            except ClientError:
+                listed = session.client("s3").list_objects_v2(
+                    Bucket=artifacts_bucket, Prefix=EMR_TLS_CERTIFICATES_KEY, MaxKeys=1
+                )
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") != "NoSuchBucket":
+                    raise  # `guarded` reports it as "could not check"
+                listed = {}
+            if EMR_TLS_CERTIFICATES_KEY not in [o["Key"] for o in listed.get("Contents", [])]:
                 fix = "infra/README.md, 'Deploy (prod)'"
                 return Check("prod TLS certificate", False, f"missing: {uri}", fix)
             return Check("prod TLS certificate", True, uri)
@@ -238,4 +246,25 @@ def pin_azs(context_file: Path, account: str, region: str, names: list[str]) -> 
     """Write the chosen AZ names into cdk.context.json (kept in git, so every synth agrees)."""
     context = json.loads(context_file.read_text()) if context_file.exists() else {}
     context[az_context_key(account, region)] = names
+    context_file.write_text(json.dumps(context, indent=2, sort_keys=True) + "\n")
+
+
+def caller_role_arn(session) -> str | None:
+    """The caller's role ARN as a bucket policy sees it (aws:PrincipalArn: the role, with its path,
+    never the session), or None when the caller is not a role (an IAM user)."""
+    arn = session.client("sts").get_caller_identity()["Arn"]
+    partition, account = arn.split(":")[1], arn.split(":")[4]
+    if ":assumed-role/" not in arn:
+        return arn if ":role/" in arn else None
+    name = arn.split(":assumed-role/", 1)[1].split("/", 1)[0]
+    try:
+        return session.client("iam").get_role(RoleName=name)["Role"]["Arn"]  # with the role's path
+    except (ClientError, BotoCoreError):
+        return f"arn:{partition}:iam::{account}:role/{name}"  # a role without a path, most likely
+
+
+def pin_lake_reader(context_file: Path, role_arn: str) -> None:
+    """Add a role to dev's lake readers in cdk.context.json (the app merges them into `lake_readers`)."""
+    context = json.loads(context_file.read_text()) if context_file.exists() else {}
+    context[DEV_LAKE_READERS_CONTEXT_KEY] = sorted({*context.get(DEV_LAKE_READERS_CONTEXT_KEY, []), role_arn})
     context_file.write_text(json.dumps(context, indent=2, sort_keys=True) + "\n")

@@ -65,6 +65,7 @@ class MotoServer:
     def create_secret(self, name: str, value: str, region: str) -> str:
         return self.client("secretsmanager", region).create_secret(Name=name, SecretString=value)["ARN"]
 
-    def metric_names(self, namespace: str, region: str) -> list[str]:
-        metrics = self.client("cloudwatch", region).list_metrics(Namespace=namespace)["Metrics"]
-        return sorted({m["MetricName"] for m in metrics})
+    def metrics(self, namespace: str, region: str) -> list[dict]:
+        """ListMetrics of `namespace`: every name and exact dimension set published to it."""
+        pages = self.client("cloudwatch", region).get_paginator("list_metrics").paginate(Namespace=namespace)
+        return [metric for page in pages for metric in page["Metrics"]]

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from lakehouse.rehearsal import checks
+from lakehouse.rehearsal import checks, watched_metrics
 from lakehouse.rehearsal.assembly import AssemblyError, CloudAssembly, Resolver, require_resolved
 from lakehouse.rehearsal.emr_node import (
     EmrNode,
@@ -264,11 +264,14 @@ class Rehearsal:
         self._run_step(batch["verify"], env)  # the product's own reconciliation: exit 1 on a mismatch
         problems = self._verify(topic, bad, state)
         problems += self._verify_step_checked()
-        published = moto.metric_names("Lakehouse/dev", REHEARSAL_REGION)
+        published = moto.metrics("Lakehouse/dev", REHEARSAL_REGION)
+        (self.work_dir / "published-metrics.json").write_text(json.dumps(published, indent=1, default=str))
         if not published:
             problems.append("no job metric reached CloudWatch (moto) in namespace Lakehouse/dev")
-        if "ReconcileMismatches" not in published:
-            problems.append("verify published no ReconcileMismatches to CloudWatch (moto)")
+        # Every alarm and dashboard metric of the templates is one a job published here.
+        problems += watched_metrics.unpublished(assembly.templates, "Lakehouse/dev", published)
+        watched = {metric for _, metric in watched_metrics.watched(assembly.templates, "Lakehouse/dev")}
+        self.log(f"alarms and dashboard watch {len(watched)} job metrics; {len(published)} published")
         return problems
 
     def localized_args(self, step: StepDefinition) -> list[str]:
@@ -376,7 +379,7 @@ class Rehearsal:
                 )
             lake = self._lake()
             if price is None:
-                if lake.get("dim_db.products"):
+                if lake.get("dim_db.products") and lake.get("dim_db.user_member"):  # both snapshots done
                     price = self._change_a_price(state)
                     self.log(f"after the CDC snapshot: products 1 price -> {price} in MySQL")
                 time.sleep(1)
@@ -400,6 +403,10 @@ class Rehearsal:
         try:
             with connection.cursor() as cursor:
                 cursor.execute("UPDATE products SET product_price = product_price + 1 WHERE productId = '1'")
+                # a member too, so CDC publishes figures for both tables the alarms watch
+                cursor.execute(
+                    "UPDATE user_member SET memberLevel = memberLevel % 5 + 1 ORDER BY userid LIMIT 1"
+                )
                 cursor.execute("SELECT product_price FROM products WHERE productId = '1'")
                 (price,) = cursor.fetchone()
             connection.commit()
@@ -408,13 +415,19 @@ class Rehearsal:
         return Decimal(price)
 
     def _lake(self) -> dict[str, list[dict]]:
+        from pyiceberg.exceptions import NoSuchTableError
+
         from lakehouse.local.catalog import pyiceberg_catalog
 
         catalog = pyiceberg_catalog(self.work_dir / "catalog.db", self.work_dir)
         tables = {}
         for namespace in catalog.list_namespaces():
             for identifier in catalog.list_tables(namespace):
-                tables[".".join(identifier)] = catalog.load_table(identifier).scan().to_arrow().to_pylist()
+                try:
+                    table = catalog.load_table(identifier)
+                except NoSuchTableError:  # a CDC snapshot's staging table, renamed since it was listed
+                    continue
+                tables[".".join(identifier)] = table.scan().to_arrow().to_pylist()
         return tables
 
     def _verify(self, topic, bad, state: dict) -> list[str]:

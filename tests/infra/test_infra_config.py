@@ -39,10 +39,25 @@ def test_account_bound_synth_uses_the_azs_the_preflight_pinned():
     assert config.availability_zones == ("eu-west-1c", "eu-west-1a", "eu-west-1b")
 
 
-def test_account_bound_synth_never_guesses_az_names():
+def test_account_bound_synth_never_guesses_az_names_and_still_lets_cdk_bootstrap_run():
+    """`cdk bootstrap` in this folder synthesizes the app with the credentials' account before the
+    preflight has pinned any AZ: the app must build (an exception failed the README's second command),
+    while the Network stack carries an error that stops `cdk synth`/`cdk deploy` (the CLI refuses a
+    stack with error annotations unless --ignore-errors)."""
+    from aws_cdk.assertions import Annotations, Match
+
+    from infra.stacks import NetworkStack
+
     environ = {"CDK_DEFAULT_ACCOUNT": "111122223333", "CDK_DEFAULT_REGION": "us-east-1"}
-    with pytest.raises(ConfigError, match="lakehouse aws preflight --env dev --pin-azs"):
-        config_from_context(App(context={"env": "dev"}), environ=environ)
+    app = App(context={"env": "dev"})
+    config = config_from_context(app, environ=environ)
+    assert config.availability_zones is None
+    assert "lakehouse aws preflight --env dev --pin-azs" in config.unpinned_azs_error
+    stack = NetworkStack(app, config)
+    Annotations.from_stack(stack).has_error("*", Match.string_like_regexp("--pin-azs"))
+    pinned = config_from_context(App(context={"env": "dev", "azs": "us-east-1a,us-east-1b"}), environ)
+    assert pinned.unpinned_azs_error is None
+    assert DeploymentConfig.for_env("dev").unpinned_azs_error is None  # agnostic: nothing to pin
 
 
 def test_azs_context_overrides_and_is_checked():
@@ -165,3 +180,14 @@ def test_lake_readers_and_security_admins_are_role_arns_from_the_context():
     ):
         with pytest.raises(ConfigError, match="not an IAM role ARN"):
             config_from_context(App(context={"env": "prod", "lake_readers": wrong}), environ={})
+
+
+def test_dev_adds_the_pinned_lake_readers_and_prod_does_not():
+    from infra.config import DEV_LAKE_READERS_CONTEXT_KEY
+
+    me, analyst = "arn:aws:iam::111122223333:role/me", "arn:aws:iam::111122223333:role/analyst"
+    context = {DEV_LAKE_READERS_CONTEXT_KEY: [me], "lake_readers": analyst}
+    dev = config_from_context(App(context={"env": "dev", **context}), environ={})
+    assert dev.access.lake_readers == (analyst, me)
+    prod = config_from_context(App(context={"env": "prod", **context}), environ={})
+    assert prod.access.lake_readers == (analyst,)

@@ -98,7 +98,7 @@ def expected_alarms(env, freshness, no_commit_seconds, rejects, restarts, free_b
         GTE,
         1,
         {
-            "expr_1": "rejects / MAX([records, 1])",
+            "expr_1": "rejects / records",
             "returned": "expr_1",
             "rejects": metric(namespace, "Rejects", CLICKS, "Sum", 900),
             "records": metric(namespace, "RecordsIn", CLICKS, "Sum", 900),

@@ -11,6 +11,7 @@ import boto3
 import pytest
 from cryptography import x509
 from moto import mock_aws
+from s3_answers import S3AsAwsAnswers
 
 from infra.config import EMR_TLS_CERTIFICATES_KEY
 
@@ -93,3 +94,27 @@ def test_the_cluster_waits_for_the_certificates(synthesized):
         k for k, r in template["Resources"].items() if r["Type"] == "AWS::EMR::SecurityConfiguration"
     ]
     assert resource_id in template["Resources"][security_id]["DependsOn"]
+
+
+@pytest.fixture
+def s3_as_the_tls_role(s3):
+    """S3 as it answers the TLS function's role: object actions on the key, s3:ListBucket only with
+    `s3:prefix` = the key (emr_compute.py), so a HeadObject on the missing zip answers 403."""
+    return S3AsAwsAnswers(s3, may_list_bucket=False, may_list_prefixes=(EMR_TLS_CERTIFICATES_KEY,))
+
+
+def test_the_first_deploy_and_its_rollback_work_with_the_role_s_own_permissions(s3_as_the_tls_role, s3):
+    # Create on an empty bucket generates (a HEAD-first check raised 403 here and failed the deploy)...
+    tls.apply(event("Create", "generate"), s3_as_the_tls_role, NOW)
+    assert set(read_zip(s3)) == {"privateKey.pem", "certificateChain.pem", "trustedCertificates.pem"}
+    # ... and a Delete finds and removes its own zip; a second Delete (a rollback after a failed
+    # create) finds nothing and succeeds instead of leaving the stack in ROLLBACK_FAILED.
+    tls.apply(event("Delete", "generate"), s3_as_the_tls_role, NOW)
+    assert s3.list_objects_v2(Bucket="artifacts").get("KeyCount") == 0
+    tls.apply(event("Delete", "generate"), s3_as_the_tls_role, NOW)
+    assert "list_objects_v2" in s3_as_the_tls_role.calls
+
+
+def test_prod_says_what_to_do_instead_of_a_raw_403(s3_as_the_tls_role):
+    with pytest.raises(RuntimeError, match="upload your organisation's certificate there"):
+        tls.apply(event("Create", "require"), s3_as_the_tls_role, NOW)

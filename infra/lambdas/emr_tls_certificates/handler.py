@@ -83,14 +83,15 @@ def certificate_zip(region: str, now: datetime) -> bytes:
 
 
 def _exists(s3, bucket: str, key: str) -> dict | None:
-    from botocore.exceptions import ClientError
+    """The object's HEAD answer, or None when it is missing.
 
-    try:
-        return s3.head_object(Bucket=bucket, Key=key)
-    except ClientError as error:
-        if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-            return None
-        raise
+    Asked by listing the key as a prefix: this role may list the bucket only under that prefix (an
+    `s3:prefix` condition), and S3 answers a HeadObject on a missing key with 403, not 404, to a caller
+    without an unconditioned s3:ListBucket (HeadObject API reference). HEAD only once it is listed."""
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1).get("Contents", [])
+    if not listed or listed[0]["Key"] != key:
+        return None
+    return s3.head_object(Bucket=bucket, Key=key)
 
 
 def apply(event: dict, s3, now: datetime) -> dict:
