@@ -1,12 +1,12 @@
 """The deploy procedures of README.md and infra/README.md, run as written against a moto server.
 
 The commands are read from the docs, not copied into the test, and run in a copy of the checkout
-(cdk.context.json and cdk.out are written there) with an account, a region and fake credentials in the
+(cdk.context.json and cdk.out are written there) with a role's credentials and a region in the
 environment, as a user's shell would have them. They run until the first call that needs real AWS:
-CloudFormation's CreateChangeSet, which moto's server answers with NoSuchBucket (it does not find the
-template the CLI uploaded to the bootstrap bucket; ENVIRONMENT.md, 2026-11-28). A command that fails
-before it reaches AWS (the app raising at `cdk bootstrap`, a synth error, the preflight refusing to pin)
-fails the test.
+CloudFormation's CreateChangeSet, which moto's server answers with NoSuchBucket ("The specified bucket
+does not exist": it does not find the template the CLI uploaded to the bootstrap bucket;
+ENVIRONMENT.md, 2026-11-28). A command that fails before it reaches AWS (the app raising at `cdk
+bootstrap`, a synth error, the preflight refusing to pin) fails the test.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from lakehouse.rehearsal.moto_server import MotoServer
 REPO = Path(__file__).resolve().parents[2]
 ACCOUNT, REGION = "123456789012", "us-east-1"  # moto's account
 # Where the procedures stop on this machine, and why.
-NEEDS_REAL_AWS = "NoSuchBucket"  # moto's CreateChangeSet cannot read the uploaded template
+NEEDS_REAL_AWS = "The specified bucket does not exist"  # NoSuchBucket: moto cannot read the uploaded template
 # Preflight checks moto cannot answer (an answer from real AWS is needed), by check name.
 MOTO_GAPS = {
     "EC2 On-Demand vCPUs": "moto has no Service Quotas values for EC2",
@@ -84,11 +84,32 @@ def checkout_copy(where: Path) -> Path:
     return where
 
 
+def assumed_role(moto: MotoServer) -> dict[str, str]:
+    """Credentials of a role session, as an SSO or assumed-role profile gives them (moto's)."""
+    import boto3
+
+    trust = {"Effect": "Allow", "Action": "sts:AssumeRole", "Principal": {"AWS": ACCOUNT}}
+    iam = moto.client("iam", REGION)
+    role = iam.create_role(
+        RoleName="Deployer",
+        AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [trust]}),
+    )["Role"]
+    sts = boto3.client("sts", region_name=REGION, endpoint_url=moto.endpoint, **{
+        k.lower(): v for k, v in moto.credentials.items()
+    })  # fmt: skip
+    credentials = sts.assume_role(RoleArn=role["Arn"], RoleSessionName="me")["Credentials"]
+    return {
+        "AWS_ACCESS_KEY_ID": credentials["AccessKeyId"],
+        "AWS_SECRET_ACCESS_KEY": credentials["SecretAccessKey"],
+        "AWS_SESSION_TOKEN": credentials["SessionToken"],
+    }
+
+
 def user_shell(moto: MotoServer, checkout: Path) -> dict[str, str]:
-    """A user's shell as the docs set it up: credentials and a region (here moto's), and
+    """A user's shell as the docs set it up: a role's credentials and a region (here moto's), and
     `export PATH="$PWD/node_modules/.bin:$PWD/.venv/bin:$PATH"`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CDK_", "JSII_"))}
-    env.update(moto.credentials)
+    env.update(assumed_role(moto))
     env.update(
         AWS_ENDPOINT_URL=moto.endpoint,
         AWS_REGION=REGION,
@@ -134,7 +155,7 @@ def test_the_readme_deploy_section_runs_as_written(moto, tmp_path):
     assert "pinned [" in output and "as a dev lake reader" in output, output[-4000:]
     context = json.loads((checkout / "cdk.context.json").read_text())
     assert len(context[az_context_key(ACCOUNT, REGION)]) == 2
-    assert len(context[DEV_LAKE_READERS_CONTEXT_KEY]) == 1
+    assert context[DEV_LAKE_READERS_CONTEXT_KEY] == [f"arn:aws:iam::{ACCOUNT}:role/Deployer"]
     failing = {name for name, check in preflight_findings(checkout, env, "dev").items() if not check["ok"]}
     assert failing <= set(MOTO_GAPS), f"the preflight found more than moto's gaps: {failing - set(MOTO_GAPS)}"
 
