@@ -15,7 +15,7 @@ export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 DEMO_SECONDS ?= 120
 
-.PHONY: setup system jars jvm-archive cli scanner demo test test-fast bench synth rehearse lint package clean
+.PHONY: setup system jars jvm-archive cli scanner demo test test-fast fuzz bench synth rehearse lint package clean
 
 setup: system $(STAMP) jars jvm-archive cli scanner ## Install everything (idempotent; fast when done)
 
@@ -63,6 +63,13 @@ test: setup ## Run the whole test suite (starts its own stack on other ports)
 # No server, no Spark session, no CDK synth: the pure logic, in about a minute.
 test-fast: setup
 	$(PY) -m pytest -m "not stack and not synth and not slow" $(PYTEST_ARGS)
+
+# The CDC fuzzer for longer (tests/cdc_fuzz.py): fresh random sequences each run; `make test` runs a
+# bounded, derandomized few. FUZZ_EXAMPLES sequences of up to FUZZ_STEPS steps.
+FUZZ_EXAMPLES ?= 40
+FUZZ_STEPS ?= 25
+fuzz: setup ## Fuzz CDC against MariaDB (prints statements per kind and tables stopped per reason)
+	CDC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) CDC_FUZZ_STEPS=$(FUZZ_STEPS) $(PY) -m pytest -s tests/test_cdc_fuzz.py $(PYTEST_ARGS)
 
 bench: setup ## Benchmarks; prints tables, writes bench/results/*.json and bench/results/RESULTS.md (date, machine)
 	$(PY) -m bench

@@ -1257,12 +1257,63 @@ def test_schema_change_policies_strict_and_ignore(spark, app_conn, lake_config, 
         sync.close()
 
 
-def test_truncate_empties_and_drop_table_stops_keeping_the_lake(spark, app_conn, make_sync) -> None:
+def test_ignore_never_writes_a_new_column_into_the_lake_column_of_its_name(
+    spark, app_conn, lake_config
+) -> None:
+    """Under `ignore` a dropped column added back under its name (here with another type) wrote the
+    new column's values into the old lake column, or failed the whole job converting them."""
+    name = "cdc_test_ignore_readded"
+    pair = fresh_test_table(spark, app_conn, name)
+
+    def ignoring() -> CdcSync:
+        return CdcSync(spark, lake_config, [TableSpec.parse(pair, lake_config)], server_id=next(_server_ids),
+                       schema_changes="ignore").start()  # fmt: skip
+
+    sync = ignoring()
+    try:
+        with app_conn.cursor() as cur:
+            cur.execute(f"INSERT INTO {name} (id, name, note) VALUES ('a', 'x', 'old note')")
+            cur.execute(f"ALTER TABLE {name} DROP COLUMN note")
+            cur.execute(f"ALTER TABLE {name} ADD COLUMN note DATETIME")  # another type, same name
+            cur.execute(f"INSERT INTO {name} (id, name, note) VALUES ('b', 'y', '2026-01-02 03:04:05')")
+        app_conn.commit()
+        catch_up(sync)
+        assert sync.errors == []
+        rows = {r.id: r.note for r in spark.table(f"lakehouse.dim_db.{name}").collect()}
+        assert rows == {"a": "old note", "b": None}
+    finally:
+        sync.close()
+    sync = ignoring()  # after a restart too
+    try:
+        with app_conn.cursor() as cur:
+            cur.execute(f"INSERT INTO {name} (id, name, note) VALUES ('c', 'z', '2026-01-03 00:00:00')")
+        app_conn.commit()
+        catch_up(sync)
+        assert sync.errors == []
+        rows = {r.id: r.note for r in spark.table(f"lakehouse.dim_db.{name}").collect()}
+        assert rows == {"a": "old note", "b": None, "c": None}
+    finally:
+        sync.close()
+
+
+def test_truncate_empties_and_a_dropped_table_is_kept_marked_and_the_job_goes_on(
+    spark, app_conn, make_sync, lake_config
+) -> None:
+    """A dropped source table used to stop with an error at every start (exit 2), and verify could
+    not run: now its lake table keeps exactly the rows it had, marked with where the DROP was, the
+    job goes on without an error, and a table created again under the name waits for --resync."""
+    from jobs.cdc.__main__ import drop_orphaned
+    from jobs.cdc.target_table import DROPPED_PROPERTY, source_dropped
+
     truncated, dropped = "cdc_test_truncate", "cdc_test_drop"
     pairs = [fresh_test_table(spark, app_conn, n) for n in (truncated, dropped)]
     seed_rows(app_conn, truncated, 10)
     seed_rows(app_conn, dropped, 10)
     sync = make_sync(*pairs)
+    with app_conn.cursor() as cur:
+        cur.execute(f"UPDATE {dropped} SET qty = qty + 100 WHERE id < 'k00003'")
+    app_conn.commit()
+    before_drop = mysql_rows(app_conn, f"user_db.{dropped}", COLUMNS)
     with app_conn.cursor() as cur:
         cur.execute(f"UPDATE {truncated} SET qty = 1")
         cur.execute(f"TRUNCATE TABLE {truncated}")
@@ -1271,33 +1322,57 @@ def test_truncate_empties_and_drop_table_stops_keeping_the_lake(spark, app_conn,
     app_conn.commit()
     catch_up(sync)
     assert assert_converged(spark, app_conn, truncated) == 1
-    assert len(sync.errors) == 1 and "the source table was dropped" in sync.errors[0]
-    assert spark.table(f"lakehouse.dim_db.{dropped}").count() == 10  # the lake keeps what it had
+    assert sync.errors == []
+    state = sync.tables[("user_db", dropped)]
+    assert state.dropped.startswith("at ") and not state.live
+    lake = f"lakehouse.dim_db.{dropped}"
+    assert iceberg_rows(spark, lake, COLUMNS) == before_drop  # the rows as of the DROP, each once
+    assert source_dropped(spark, lake) == state.dropped
     sync.close()
 
-    # The next start still says so, and the other table goes on (the job used to refuse to start).
+    # The next start finds the mark: no error, the other table goes on.
     sync = make_sync(*pairs)
-    (error,) = sync.errors
-    assert error.startswith(f"lakehouse.dim_db.{dropped}: ") and f"user_db.{dropped} does not exist" in error
-    assert "the lake table stays as it was" in error and "\n" not in error
-    assert f"--resync user_db.{dropped}" in error and f"remove --table user_db.{dropped}" in error
+    assert sync.errors == [] and sync.tables[("user_db", dropped)].dropped == state.dropped
     with app_conn.cursor() as cur:
         cur.execute(f"INSERT INTO {truncated} (id, name) VALUES ('restarted', 'restart')")
     app_conn.commit()
     catch_up(sync)
     assert assert_converged(spark, app_conn, truncated) == 2
-    assert spark.table(f"lakehouse.dim_db.{dropped}").count() == 10
+
+    # Created again under its name while the job runs: another table's rows; it waits for --resync.
+    recreate_source(app_conn, dropped)
+    seed_rows(app_conn, dropped, 3, prefix="new")
+    catch_up(sync)
+    (error,) = sync.errors
+    assert f"user_db.{dropped} was created again" in error and f"--resync user_db.{dropped}" in error
+    assert iceberg_rows(spark, lake, COLUMNS) == before_drop
     sync.close()
+    resynced = make_sync(*pairs, resync=(f"user_db.{dropped}",))
+    assert resynced.errors == []
+    assert assert_converged(spark, app_conn, dropped) == 3 and source_dropped(spark, lake) is None
+    resynced.close()
+
+    # Gone for good: one command removes a marked lake table, and refuses one that is not marked.
+    with app_conn.cursor() as cur:
+        cur.execute(f"DROP TABLE {dropped}")
+    app_conn.commit()
+    catch_up(make_sync(*pairs))
+    assert drop_orphaned(spark, lake_config, [f"dim_db.{truncated}"]) == 2
+    assert drop_orphaned(spark, lake_config, [f"dim_db.{dropped}"]) == 0
+    assert not spark.catalog.tableExists(lake) and spark.catalog.tableExists(f"lakehouse.dim_db.{truncated}")
+    assert DROPPED_PROPERTY == "lakehouse.cdc.source-dropped"
     # A misspelt source onto a lake table synced from another one is an error at start.
     with pytest.raises(source_db.MissingTable, match=f"user_db.{truncated}_typo does not exist"):
         make_sync(f"user_db.{truncated}_typo=dim_db.{truncated}")
 
 
-def test_a_table_dropped_while_cdc_was_stopped_is_reported_and_the_others_go_on(
+def test_a_table_dropped_while_cdc_was_stopped_is_kept_marked_and_the_others_go_on(
     spark, app_conn, make_sync
 ) -> None:
     """Whole-database sync: the source lists only the tables there now, so a table dropped while the
-    job was down used to vanish from the sync without a word."""
+    job was down used to vanish from the sync without a word, then stop every start with an error."""
+    from jobs.cdc.target_table import source_dropped
+
     p = "cdc_gone"
     names = [f"{p}_kept", f"{p}_dropped", f"{p}_other"]
     _drop_tables(app_conn, spark, names)
@@ -1307,22 +1382,64 @@ def test_a_table_dropped_while_cdc_was_stopped_is_reported_and_the_others_go_on(
     make_sync(include=(f"user_db.{p}_*",)).close()
     # A lake table of the same namespace that this selection never synced stays out of it.
     spark.sql(f"CREATE TABLE lakehouse.dim_db.{p}_other (id STRING) USING iceberg")
+    before_drop = mysql_rows(app_conn, f"user_db.{p}_dropped", COLUMNS)
     with app_conn.cursor() as cur:
         cur.execute(f"DROP TABLE {p}_dropped")
         cur.execute(f"UPDATE {p}_kept SET qty = qty + 1")
     app_conn.commit()
 
     sync = make_sync(include=(f"user_db.{p}_*",))
-    (error,) = sync.errors
-    assert error.startswith(f"lakehouse.dim_db.{p}_dropped: ")
-    assert f"user_db.{p}_dropped does not exist" in error and "the lake table stays as it was" in error
-    assert f"--exclude user_db.{p}_dropped" in error and f"--resync user_db.{p}_dropped" in error
+    assert sync.errors == []
+    lake = f"lakehouse.dim_db.{p}_dropped"
+    assert source_dropped(spark, lake).endswith("(while the job was stopped)")
     catch_up(sync)
     assert assert_converged(spark, app_conn, f"{p}_kept") == 20
-    assert spark.table(f"lakehouse.dim_db.{p}_dropped").count() == 20
-    sync.close()
-    # Excluded, it is no longer reported.
-    assert make_sync(include=(f"user_db.{p}_*",), exclude=(f"user_db.{p}_dropped",)).errors == []
+    assert iceberg_rows(spark, lake, COLUMNS) == before_drop
+    assert source_dropped(spark, f"lakehouse.dim_db.{p}_other") is None
+
+
+def test_drop_database_marks_every_table_of_it_and_a_reload_waits_for_resync(
+    spark, local_stack, secrets, lake_config, make_sync
+) -> None:
+    """A reset script (DROP DATABASE, CREATE DATABASE, the tables again, new rows): the deleted rows
+    used to stay in the lake for good with the new ones merged on top."""
+    from lakehouse.local.mariadb import APP_USER, CDC_USER
+
+    db = "cdc_reload"
+    for sql in (
+        f"DROP DATABASE IF EXISTS {db}",
+        f"CREATE DATABASE {db}",
+        f"GRANT ALL PRIVILEGES ON {db}.* TO '{APP_USER}'@'127.0.0.1'",
+        f"GRANT SELECT ON {db}.* TO '{CDC_USER}'@'127.0.0.1'",
+    ):
+        local_stack.mariadb.admin_sql(sql)
+    conn = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"], database=db)
+    names = ["reload_a", "reload_b"]
+    for name in names:
+        spark.sql(f"DROP TABLE IF EXISTS lakehouse.dim_db.{name}")
+        recreate_source(conn, name)
+        seed_rows(conn, name, 5)
+    try:
+        sync = make_sync(include=(f"{db}.reload_*",))
+        before = {n: mysql_rows(conn, f"{db}.{n}", COLUMNS) for n in names}
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE {db}")
+            cur.execute(f"CREATE DATABASE {db}")
+            cur.execute(f"USE {db}")
+        conn.commit()
+        for name in names:
+            recreate_source(conn, name)
+            seed_rows(conn, name, 2, prefix="reloaded")
+        catch_up(sync)
+        assert len(sync.errors) == 2
+        for name in names:
+            state = sync.tables[(db, name)]
+            assert state.dropped.startswith("at ") and "was created again" in state.error
+            assert f"--resync {db}.{name}" in state.error
+            assert iceberg_rows(spark, f"lakehouse.dim_db.{name}", COLUMNS) == before[name]
+    finally:
+        conn.close()
+        local_stack.mariadb.admin_sql(f"DROP DATABASE IF EXISTS {db}")
 
 
 def test_purged_binlog_position_gives_the_fix(spark, app_conn, make_sync) -> None:
@@ -2040,3 +2157,180 @@ def test_an_event_the_reader_cannot_decode_stops_the_sync_instead_of_retrying_fo
     # Nothing skipped: the stored position is before the event, the earlier row is in the lake.
     lake = [r.id for r in spark.table(f"lakehouse.dim_db.{name}").collect()]
     assert lake == ["fine"]
+
+
+def test_mariadb_s_position_and_gtid_set_are_one_point_of_the_binlog(app_conn, local_stack, secrets) -> None:
+    """The file position and the GTID set were read in two statements: a transaction committed
+    between them was inside the GTID set and after the position, and a restart resuming by GTID
+    skipped it. The race is made to happen: the write commits right after SHOW MASTER STATUS."""
+    from lakehouse.local.mariadb import CDC_USER
+
+    name = "cdc_test_position_race"
+    recreate_source(app_conn, name)
+    cdc = local_stack.mariadb.connect(CDC_USER, secrets["mysql_cdc_password"])
+    original = cdc.cursor
+
+    class RacingCursor(pymysql.cursors.Cursor):
+        def execute(self, query, args=None):
+            result = super().execute(query, args)
+            if "MASTER STATUS" in query.upper() or "BINARY LOG STATUS" in query.upper():
+                with app_conn.cursor() as cur:  # another client commits in between
+                    cur.execute(f"INSERT INTO {name} (id, name) VALUES ('raced', 'in between')")
+                app_conn.commit()
+            return result
+
+    try:
+        cdc.cursor = lambda *a: original(RacingCursor)
+        file, position, gtid = source_db.master_position(cdc)
+        cdc.cursor = original
+        with cdc.cursor() as cur:
+            cur.execute("SELECT BINLOG_GTID_POS(%s, %s), @@gtid_binlog_pos", (file, position))
+            at_position, now = cur.fetchone()
+        assert now != at_position  # the racing transaction committed after the position was read
+        assert gtid == at_position  # and the GTID set returned is the position's own
+    finally:
+        cdc.close()
+
+
+FK_TABLES = {  # parent first; every referential action InnoDB applies without row events
+    "fk_parent": "id INT PRIMARY KEY, name VARCHAR(20)",
+    "fk_child": "id INT PRIMARY KEY, parent_id INT, note VARCHAR(20), "
+    "FOREIGN KEY (parent_id) REFERENCES fk_parent(id) ON DELETE CASCADE ON UPDATE CASCADE",
+    "fk_orphan": "id INT PRIMARY KEY, parent_id INT, "
+    "FOREIGN KEY (parent_id) REFERENCES fk_parent(id) ON DELETE SET NULL ON UPDATE SET NULL",
+    "fk_grandchild": "id INT PRIMARY KEY, child_id INT, "
+    "FOREIGN KEY (child_id) REFERENCES fk_child(id) ON DELETE CASCADE",
+    "fk_staff": "id INT PRIMARY KEY, manager_id INT, "
+    "FOREIGN KEY (manager_id) REFERENCES fk_staff(id) ON DELETE CASCADE",
+}
+
+
+def fk_schema(conn, spark) -> None:
+    with conn.cursor() as cur:
+        for name in reversed(FK_TABLES):
+            cur.execute(f"DROP TABLE IF EXISTS {name}")
+        for name, columns in FK_TABLES.items():
+            cur.execute(f"CREATE TABLE {name} ({columns}) ENGINE=InnoDB")
+        cur.executemany("INSERT INTO fk_parent VALUES (%s, %s)", [(p, f"p{p}") for p in range(1, 7)])
+        cur.executemany("INSERT INTO fk_child VALUES (%s, %s, 'c')", [(c, c % 6 + 1) for c in range(1, 25)])
+        cur.executemany("INSERT INTO fk_orphan VALUES (%s, %s)", [(o, o % 6 + 1) for o in range(1, 13)])
+        cur.executemany("INSERT INTO fk_grandchild VALUES (%s, %s)", [(g, g % 24 + 1) for g in range(1, 49)])
+        cur.execute("INSERT INTO fk_staff VALUES (1, NULL)")
+        cur.executemany("INSERT INTO fk_staff VALUES (%s, %s)", [(s, s // 2) for s in range(2, 32)])
+    conn.commit()
+    for name in FK_TABLES:
+        spark.sql(f"DROP TABLE IF EXISTS lakehouse.dim_db.{name}")
+
+
+def fk_columns(conn, name: str) -> list[str]:
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT * FROM {name} LIMIT 0")
+        return [d[0] for d in cur.description]
+
+
+def test_foreign_key_cascades_reach_the_lake(spark, app_conn, make_sync) -> None:
+    """InnoDB writes no row events for what ON DELETE/UPDATE CASCADE and SET NULL do to child rows
+    (MySQL bug #32506): the lake kept every cascaded child row. Each table must equal its source as a
+    multiset after deletes, key updates, a chain of cascades and a table referencing itself."""
+    fk_schema(app_conn, spark)
+    sync = make_sync(include=("user_db.fk_*",))
+    assert sync.errors == [] and len(sync.foreign_keys) == 4
+    with app_conn.cursor() as cur:
+        cur.execute("DELETE FROM fk_parent WHERE id = 2")  # cascades to children and grandchildren
+        cur.execute("UPDATE fk_parent SET id = 60 WHERE id = 3")  # ON UPDATE CASCADE / SET NULL
+        cur.execute("DELETE FROM fk_staff WHERE id = 2")  # a subtree of a self-referencing table
+        cur.execute("INSERT INTO fk_parent VALUES (2, 'back')")  # the key comes back: no old children
+        cur.execute("INSERT INTO fk_child VALUES (100, 2, 'new')")
+    app_conn.commit()
+    catch_up(sync)
+    with app_conn.cursor() as cur:
+        cur.execute("DELETE FROM fk_parent WHERE id IN (1, 60)")  # a second batch, on the moved key
+    app_conn.commit()
+    catch_up(sync)
+    assert sync.errors == []
+    for name in FK_TABLES:
+        columns = fk_columns(app_conn, name)
+        expected = mysql_rows(app_conn, f"user_db.{name}", columns)
+        assert iceberg_rows(spark, f"lakehouse.dim_db.{name}", columns) == expected, name
+    with app_conn.cursor() as cur:  # the workload did cascade: the sources lost child rows
+        cur.execute("SELECT (SELECT count(*) FROM fk_child), (SELECT count(*) FROM fk_staff)")
+        assert cur.fetchone() < (24, 30)
+
+
+def test_a_child_whose_cascading_parent_is_not_synced_stops_with_the_reason(
+    spark, app_conn, make_sync
+) -> None:
+    fk_schema(app_conn, spark)
+    sync = make_sync(include=("user_db.fk_*",), exclude=("user_db.fk_parent",))
+    errors = {e.split(":", 1)[0] for e in sync.errors}
+    assert errors == {
+        "lakehouse.dim_db.fk_child",
+        "lakehouse.dim_db.fk_orphan",
+        "lakehouse.dim_db.fk_grandchild",
+    }
+    assert sum("user_db.fk_parent too, or --exclude" in e for e in sync.errors) == 2
+    assert any("user_db.fk_child too, or --exclude user_db.fk_grandchild" in e for e in sync.errors)
+    assert not sync.tables[("user_db", "fk_staff")].error  # its cascade is its own: followed
+
+
+def test_a_column_added_as_the_snapshot_starts_is_in_the_lake(
+    spark, app_conn, make_sync, monkeypatch
+) -> None:
+    """An ADD COLUMN committed between the snapshot's description and its position B was before B
+    (never replayed) and not described (never read): the lake never got the column."""
+    name = "cdc_test_describe_race"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 30)
+    real = source_db.estimated_rows
+    altered = []
+
+    def migration_lands_now(conn, table):  # called between the description and position B
+        if not altered:
+            with app_conn.cursor() as cur:
+                cur.execute(f"ALTER TABLE {name} ADD COLUMN stock INT")
+                cur.execute(f"UPDATE {name} SET stock = qty * 2")
+            app_conn.commit()
+            altered.append(True)
+        return real(conn, table)
+
+    monkeypatch.setattr(source_db, "estimated_rows", migration_lands_now)
+    sync = make_sync(pair, reads_in_process=True)
+    assert altered and sync.errors == []
+    with app_conn.cursor() as cur:
+        cur.execute(f"UPDATE {name} SET stock = stock + 1 WHERE id < 'k00005'")
+    app_conn.commit()
+    catch_up(sync)
+    assert assert_converged(spark, app_conn, name, [*COLUMNS, "stock"]) == 30
+
+
+def test_maintenance_expires_a_cdc_table_s_merge_snapshots(spark, app_conn, make_sync, lake_config) -> None:
+    """A CDC table made from its snapshot's staging table kept the staging commits' progress key in
+    its history; expiry protected the newest of them and so kept every later MERGE snapshot for good
+    (the history of a busy dimension grew without bound)."""
+    from jobs.maintain.job import MaintainSettings, maintain_table
+
+    name = "cdc_test_expiry"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 20)
+    sync = make_sync(pair)
+    merges = 12
+    for round_ in range(merges):
+        with app_conn.cursor() as cur:
+            cur.execute(f"UPDATE {name} SET qty = qty + 1 WHERE id = 'k{round_ % 20:05d}'")
+        app_conn.commit()
+        catch_up(sync)
+    table = f"lakehouse.dim_db.{name}"
+    position = stored_position(spark, table)
+    before = snapshot_count(spark, table)
+    assert before >= merges + 1  # the staging commits, then a MERGE each
+    report = maintain_table(
+        spark,
+        lake_config,
+        f"dim_db.{name}",
+        MaintainSettings(retain_hours=0, retain_last=1, expire_in_driver=True),
+    )
+    assert report.error is None, report.error
+    after = snapshot_count(spark, table)
+    assert after <= 2, (before, after)  # the current one (and a compaction's), not every MERGE
+    assert stored_position(spark, table) == position  # resume is unchanged
+    assert assert_converged(spark, app_conn, name) == 20

@@ -97,6 +97,13 @@ def test_column_changes_are_classified() -> None:
         "ALTER TABLE products ADD COLUMN (a INT, b INT)",
         "RENAME TABLE products TO p2",
         "DROP TABLE IF EXISTS products",
+        # the primary key changed in its other spellings (were taken as harmless or ignored)
+        "ALTER TABLE products DROP INDEX `PRIMARY`, ADD PRIMARY KEY (id, region)",
+        "ALTER TABLE products DROP KEY PRIMARY, ADD PRIMARY KEY (id, region)",
+        "DROP INDEX `PRIMARY` ON products",
+        # MariaDB deletes the rows that duplicate the new key inside the DDL, with no row events
+        "ALTER IGNORE TABLE products ADD UNIQUE (name)",
+        "ALTER IGNORE TABLE products ADD CONSTRAINT u UNIQUE KEY (name)",
     ],
 )
 def test_other_ddl_is_unsupported(statement: str) -> None:
@@ -112,10 +119,30 @@ def test_other_ddl_is_unsupported(statement: str) -> None:
         "CREATE TEMPORARY TABLE t (a int)",
         "ALTER TABLE products ADD INDEX idx_name (name)",
         "GRANT SELECT ON *.* TO x",
+        # a session's temporary table, even under a synced table's name, is not that table
+        "DROP TEMPORARY TABLE IF EXISTS products",
+        "DROP INDEX idx_name ON products",
+        "ALTER TABLE products ADD UNIQUE (name)",  # without IGNORE a duplicate fails the ALTER
     ],
 )
 def test_harmless_statements_are_ignored(statement: str) -> None:
     assert classify(statement) is None
+
+
+@pytest.mark.parametrize("statement", ["DROP DATABASE user_db", "DROP SCHEMA IF EXISTS `user_db`"])
+def test_drop_database_drops_every_table_of_that_schema(statement: str) -> None:
+    ddl = classify(statement)
+    assert ddl.dropped_schema == "user_db" and ddl.reason == "DROP" and ddl.tables == ()
+
+
+def test_a_signed_integer_made_unsigned_is_not_value_preserving() -> None:
+    """Non-strict mode clamps the negatives to 0 inside the ALTER, with no row events."""
+    from jobs.cdc.schema_mapping import SourceColumn
+    from jobs.cdc.schema_policy import preserves_values
+
+    (change,) = classify("ALTER TABLE t MODIFY v SMALLINT UNSIGNED").column_changes
+    assert not preserves_values(SourceColumn("v", "tinyint(4)", True), change.column)
+    assert preserves_values(SourceColumn("v", "tinyint(4)", True), SourceColumn("v", "smallint(6)", True))
 
 
 @pytest.mark.parametrize(
@@ -727,3 +754,39 @@ def test_a_type_change_against_columns_read_later_re_snapshots() -> None:
     source, target = {"qty": _col("qty", "bigint")}, {"qty": "int"}
     assert plan(widen, "evolve", source, target, ("id",), exact=True).resnapshot is None
     assert plan(widen, "evolve", source, target, ("id",), exact=False).resnapshot
+
+
+def test_referential_actions_are_read_from_show_create_table() -> None:
+    """The CDC user sees no REFERENTIAL_CONSTRAINTS rows on MariaDB: the actions come from the DDL."""
+    from jobs.cdc.foreign_keys import referential_actions
+
+    ddl = (
+        "CREATE TABLE `c` (\n  `id` int(11) NOT NULL,\n  `p` int(11) DEFAULT NULL,\n  `q` int(11),\n"
+        "  CONSTRAINT `c_ibfk_1` FOREIGN KEY (`p`) REFERENCES `p` (`id`) ON DELETE CASCADE,\n"
+        "  CONSTRAINT `odd``name` FOREIGN KEY (`q`, `p`) REFERENCES `other`.`t` (`a`, `b`) "
+        "ON DELETE SET NULL ON UPDATE CASCADE,\n"
+        "  CONSTRAINT `plain` FOREIGN KEY (`q`) REFERENCES `p` (`id`)\n) ENGINE=InnoDB"
+    )
+    assert referential_actions(ddl) == [
+        ("c_ibfk_1", "CASCADE", "RESTRICT"),
+        ("odd`name", "SET NULL", "CASCADE"),
+        ("plain", "RESTRICT", "RESTRICT"),
+    ]
+
+
+def test_cascade_seeds_are_the_old_referenced_values_of_deleted_or_re_keyed_parents() -> None:
+    from jobs.cdc.change_batch import DELETE, UPSERT, RowChange
+    from jobs.cdc.foreign_keys import ForeignKey, cascade_seeds, unfollowed_parents
+
+    fk = ForeignKey("f", ("db", "c"), ("p",), ("db", "p"), ("id",), "CASCADE", "CASCADE")
+    changes = [
+        RowChange(DELETE, (1,), {"id": 1, "v": 0}),
+        RowChange(UPSERT, (2,), {"ID": 2, "v": 1}, before={"id": 2, "v": 0}),  # same key: nothing
+        RowChange(UPSERT, (3,), {"id": 3}),  # an insert
+        RowChange(DELETE, (None,), {"id": None}),  # a NULL references nothing
+    ]
+    assert cascade_seeds(fk, changes) == {(1,)}
+    restrict = ForeignKey("f", ("db", "c"), ("p",), ("db", "p"), ("id",), "RESTRICT", "RESTRICT")
+    assert cascade_seeds(restrict, changes) == set()
+    assert unfollowed_parents([fk, restrict], {("db", "c")}) == {("db", "c"): fk}
+    assert unfollowed_parents([fk], {("db", "c"), ("db", "p")}) == {}

@@ -158,6 +158,27 @@ def test_expiry_cutoff_ignores_non_ancestors_and_other_keys():
     assert plan.protected[OFFSETS_KEY].snapshot_id == 2
 
 
+def test_a_cdc_table_s_finished_snapshot_does_not_pin_its_history():
+    """A CDC table made by renaming its snapshot's staging table keeps the staging commits
+    (lakehouse.cdc.snapshot) in its history; protecting the newest of them capped every later
+    expiry at the snapshot's time, so no MERGE snapshot of the table ever expired."""
+    from jobs.common.progress_keys import CDC_POSITION, CDC_SNAPSHOT
+
+    hour = 3_600_000
+    snapshots = [
+        snap(1, 1 * hour, [CDC_SNAPSHOT]),  # staging commits of the snapshot
+        snap(2, 2 * hour, [CDC_SNAPSHOT, CDC_POSITION]),  # its last piece, with the table's position
+        *(snap(3 + i, (3 + i) * hour, [CDC_POSITION]) for i in range(20)),  # MERGE commits
+    ]
+    plan = expiry_plan(snapshots, 30 * hour, retain_hours=2)
+    # everything before the table's current position may go (was: nothing after the staging commits)
+    assert plan.older_than_ms == 22 * hour
+    assert {k: s.snapshot_id for k, s in plan.protected.items()} == {CDC_POSITION: 22}
+    # A snapshot still in progress (no position of the table's own yet) keeps its progress.
+    in_progress = expiry_plan(snapshots[:1], 30 * hour, retain_hours=2)
+    assert in_progress.capped and in_progress.protected[CDC_SNAPSHOT].snapshot_id == 1
+
+
 def test_expiry_cutoff_without_progress_is_the_retention():
     assert expiry_plan([snap(1, 5)], 3_600_000, retain_hours=0.5).older_than_ms == 1_800_000
 

@@ -77,6 +77,14 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, CdcArgs]:
         metavar="TABLE",
         help="re-snapshot TABLE (e.g. user_db.products)",
     )
+    parser.add_argument(
+        "--drop-orphaned",
+        action="append",
+        default=[],
+        metavar="LAKE_TABLE",
+        help="drop a lake table whose source table was dropped (marked lakehouse.cdc.source-dropped), "
+        "files and all, then exit; refuses a table that is not marked (repeatable)",
+    )
     parser.add_argument("--server-id", type=int, help="replication client id (unique per reader)")
     parser.add_argument(
         "--progress-seconds",
@@ -135,6 +143,30 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, CdcArgs]:
     )
 
 
+def drop_orphaned(spark, config, tables: Sequence[str]) -> int:
+    """Drop the lake tables named whose source table was dropped (their rows, files and history);
+    exit 2 without dropping anything if one of them is missing or not marked."""
+    from jobs.cdc import target_table
+
+    qualified = [t if t.count(".") >= 2 else f"{config.catalog.name}.{t}" for t in tables]
+    for table in qualified:
+        if not target_table.table_exists(spark, table):
+            print(f"error: {table} does not exist", file=sys.stderr)
+            return 2
+        if target_table.source_dropped(spark, table) is None:
+            print(
+                f"error: {table} is not marked {target_table.DROPPED_PROPERTY}: its source table was not "
+                "dropped (as far as CDC has read); nothing dropped",
+                file=sys.stderr,
+            )
+            return 2
+    for table in qualified:
+        where = target_table.source_dropped(spark, table)
+        spark.sql(f"DROP TABLE {table} PURGE")
+        print(f"dropped {table} (its source table was dropped {where})")
+    return 0
+
+
 @reports_config_errors
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -146,6 +178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jobs.common.spark_session import build_spark, stop_spark
 
     spark = build_spark(config, "cdc_sync")
+    if env_args.drop_orphaned:
+        try:
+            return drop_orphaned(spark, config, env_args.drop_orphaned)
+        finally:
+            stop_spark(spark)
     stop = StopRequest().install()
     sync = CdcSync(
         spark,

@@ -410,6 +410,8 @@ class BinlogReader:
     def _queue_ddl(self, ddl: DdlChange, default_schema: bytes | str, end: BinlogPosition, timestamp: int):
         schema = default_schema.decode() if isinstance(default_schema, bytes) else default_schema
         touched = tuple(t for t in ((s or schema, n) for s, n in ddl.tables) if t in self._tables)
+        if ddl.dropped_schema is not None:  # DROP DATABASE: every followed table in it
+            touched = tuple(t for t in self._tables if t[0] == ddl.dropped_schema)
         # Created, or given the primary key it lacked: a table the job may start following.
         named = ((s or schema, n) for s, n in (*ddl.created, *(ddl.tables if ddl.adds_key else ())))
         created = tuple(t for t in named if t not in self._tables and self._selects(*t))

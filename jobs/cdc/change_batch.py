@@ -16,6 +16,7 @@ class RowChange:
     op: str  # UPSERT or DELETE
     key: tuple
     row: dict
+    before: dict | None = None  # an update's before-image (foreign-key cascades read it)
 
 
 def row_changes(kind: str, rows: list[dict], key_columns: tuple[str, ...]) -> list[RowChange]:
@@ -37,7 +38,7 @@ def row_changes(kind: str, rows: list[dict], key_columns: tuple[str, ...]) -> li
             new_key = tuple(after[c] for c in key_columns)
             if old_key != new_key:
                 out.append(RowChange(DELETE, old_key, before))
-            out.append(RowChange(UPSERT, new_key, after))
+            out.append(RowChange(UPSERT, new_key, after, before))
     return out
 
 

@@ -4,11 +4,13 @@ Column changes (`ColumnChange`): ADD (any position), DROP, RENAME COLUMN, CHANGE
 type), MODIFY (new type); what the sync does with each is its `--schema-changes` policy
 (`schema_policy.py`). An added column with a DEFAULT or NOT NULL fills the existing rows without any
 row events, so such a change is flagged for a backfill (`fills_existing_rows`, which parses the
-column definition with sqlglot rather than matching text). TRUNCATE is its own kind; anything else
-that changes a synced table's shape (DROP/RENAME TABLE, a primary key change, a clause not
-understood) is `unsupported`: that table stops. A statement that makes a table exist under a name
-(CREATE TABLE, also `... LIKE` and `... AS SELECT`; the new name of a RENAME) lists it in `created`,
-so a selection by pattern can pick it up; CREATE OR REPLACE also `replaces` what was there.
+column definition with sqlglot rather than matching text). TRUNCATE is its own kind; DROP TABLE and
+DROP DATABASE (`dropped_schema`) mark the tables dropped; anything else that changes a synced table's
+shape (RENAME TABLE, a primary key change in any spelling, ALTER IGNORE adding a unique key, a clause
+not understood) is `unsupported`: that table stops. DROP TEMPORARY TABLE changes no synced table. A
+statement that makes a table exist under a name (CREATE TABLE, also `... LIKE` and `... AS SELECT`;
+the new name of a RENAME) lists it in `created`, so a selection by pattern can pick it up; CREATE OR
+REPLACE also `replaces` what was there.
 """
 
 from __future__ import annotations
@@ -22,10 +24,20 @@ _IDENT = r"`(?:[^`]|``)+`|[A-Za-z0-9_$]+"
 _NAME = rf"(?:({_IDENT})\s*\.\s*)?({_IDENT})"
 _COMMENTS = re.compile(r"/\*.*?\*/|--[^\n]*|#[^\n]*", re.S)
 _ALTER = re.compile(
-    rf"^ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE\s+(?:IF\s+EXISTS\s+)?{_NAME}\s*(.*)$", re.I | re.S
+    rf"^ALTER\s+((?:ONLINE\s+|IGNORE\s+)*)TABLE\s+(?:IF\s+EXISTS\s+)?{_NAME}\s*(.*)$", re.I | re.S
 )
+# A temporary table is the session's own: dropping one never touches the table it may shadow.
+_DROP_TEMPORARY = re.compile(r"^DROP\s+TEMPORARY\s+TABLE\b", re.I)
+_DROP_DATABASE = re.compile(rf"^DROP\s+(?:DATABASE|SCHEMA)\s+(?:IF\s+EXISTS\s+)?({_IDENT})\s*$", re.I | re.S)
+# `DROP INDEX \`PRIMARY\` ON t`: the primary key goes (MySQL's other spelling of DROP PRIMARY KEY).
+_DROP_PRIMARY_INDEX = re.compile(rf"^DROP\s+INDEX\s+(?:`PRIMARY`|PRIMARY)\s+ON\s+{_NAME}", re.I | re.S)
+# An ALTER clause dropping the primary key by its index name (`DROP INDEX \`PRIMARY\``, `DROP KEY PRIMARY`).
+_DROPS_PRIMARY_INDEX = re.compile(r"^DROP\s+(?:INDEX|KEY)\s+(?:`PRIMARY`|PRIMARY)\s*$", re.I)
+# ALTER IGNORE ... ADD UNIQUE / PRIMARY KEY (MariaDB) deletes the rows that duplicate a key, and the
+# binlog shows no row event for them.
+_ADDS_UNIQUE = re.compile(r"^ADD\s+(?:CONSTRAINT\s+\S+\s+)?(?:UNIQUE|PRIMARY)\b", re.I)
 _OTHER = [
-    re.compile(r"^(DROP)\s+(?:TEMPORARY\s+)?TABLE\s+(?:IF\s+EXISTS\s+)?(.*)$", re.I | re.S),
+    re.compile(r"^(DROP)\s+TABLE\s+(?:IF\s+EXISTS\s+)?(.*)$", re.I | re.S),
     re.compile(r"^(RENAME)\s+TABLES?\s+(.*)$", re.I | re.S),
     re.compile(rf"^(CREATE)\s+(OR\s+REPLACE\s+)?TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?{_NAME}", re.I | re.S),
     re.compile(rf"^(TRUNCATE)\s+(?:TABLE\s+)?{_NAME}", re.I | re.S),
@@ -43,6 +55,7 @@ _HARMLESS = re.compile(
 # added or modified `... PRIMARY KEY`): for a followed table harmless (it has one), for a table
 # without one the moment it can be synced.
 _ADD_PRIMARY_KEY = re.compile(r"^(ADD|MODIFY|CHANGE)\b.*\bPRIMARY\s+KEY\b", re.I | re.S)
+_FOREIGN_KEY = re.compile(r"^(ADD|DROP)\b.*\bFOREIGN\s+KEY\b", re.I | re.S)
 _TYPE = r"\w+(?:\s*\([^)]*\))?(?:\s+UNSIGNED)?"
 _ADD_COLUMN = re.compile(
     rf"^ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?({_IDENT})\s+({_TYPE})(.*)$",
@@ -151,6 +164,8 @@ class DdlChange:
     created: tuple[tuple[str | None, str], ...] = ()
     replaces: bool = False  # CREATE OR REPLACE: a table of that name was replaced, rows and all
     adds_key: bool = False  # ALTER ... ADD PRIMARY KEY: a table without one may be synced now
+    dropped_schema: str | None = None  # DROP DATABASE: every synced table of that schema is gone
+    foreign_keys_changed: bool = False  # a FOREIGN KEY added or dropped: cascades to re-read
 
     @property
     def added_columns(self) -> tuple[SourceColumn, ...]:
@@ -190,12 +205,27 @@ def _column_changes(clause: str) -> list[ColumnChange] | None:
 def classify(statement: str) -> DdlChange | None:
     """None for statements that change no table (BEGIN, GRANT, CREATE TEMPORARY TABLE, ...)."""
     text = _COMMENTS.sub(" ", statement).strip().rstrip(";").strip()
+    if _DROP_TEMPORARY.match(text):
+        return None
+    if match := _DROP_DATABASE.match(text):
+        schema = _unquote(match.group(1))
+        return DdlChange(statement, (), unsupported=True, reason="DROP", dropped_schema=schema)
+    if match := _DROP_PRIMARY_INDEX.match(text):
+        table = (_unquote(match.group(1)), _unquote(match.group(2)))
+        return DdlChange(statement, (table,), unsupported=True, reason="the primary key was dropped")
     match = _ALTER.match(text)
     if match:
-        table = (_unquote(match.group(1)), _unquote(match.group(2)))
+        ignore = "IGNORE" in match.group(1).upper()
+        table = (_unquote(match.group(2)), _unquote(match.group(3)))
         changes, problems, renamed_to = [], [], []
-        clauses = split_top_level(match.group(3))
+        clauses = split_top_level(match.group(4))
         for clause in clauses:
+            if _DROPS_PRIMARY_INDEX.match(clause):
+                problems.append(f"{clause} (the primary key changes)")
+                continue
+            if ignore and _ADDS_UNIQUE.match(clause):
+                problems.append(f"ALTER IGNORE … {clause} (deletes duplicate rows without row events)")
+                continue
             if not clause or _HARMLESS.match(clause):
                 continue
             if rename := _RENAME_TABLE_CLAUSE.match(clause):
@@ -210,13 +240,20 @@ def classify(statement: str) -> DdlChange | None:
             reason = "; ".join(["RENAME", *problems])
             return DdlChange(statement, (table,), unsupported=True, reason=reason, created=tuple(renamed_to))
         adds_key = any(_ADD_PRIMARY_KEY.search(clause) for clause in clauses)
+        foreign = any(_FOREIGN_KEY.search(clause) for clause in clauses)
         if problems:
             return DdlChange(
                 statement, (table,), unsupported=True, reason="; ".join(problems), adds_key=adds_key
             )
-        if not changes and not adds_key:
+        if not changes and not adds_key and not foreign:
             return None
-        return DdlChange(statement, (table,), column_changes=tuple(changes), adds_key=adds_key)
+        return DdlChange(
+            statement,
+            (table,),
+            column_changes=tuple(changes),
+            adds_key=adds_key,
+            foreign_keys_changed=foreign,
+        )
     for pattern in _OTHER:
         match = pattern.match(text)
         if not match:

@@ -12,8 +12,10 @@
     (anything but a known value-preserving widening), the table is re-snapshotted too. A narrowing
     or incompatible change (decimal scale, int -> varchar, ...) stops the table with the fix.
 - `strict`: any column change stops the table (the lake schema changes only by a `--resync`).
-- `ignore`: the lake schema never changes: added columns are not synced, a dropped or renamed
-  column reads NULL in rows changed afterwards, a type change is not followed (values MySQL
+- `ignore`: the lake schema never changes: added columns are not synced (also one added again
+  under the name of a column the lake kept, or renamed onto it: that lake column reads NULL in rows
+  changed afterwards, whatever the new column's type), a dropped or renamed column reads NULL in
+  rows changed afterwards, a type change is not followed (values MySQL
   rewrote without row events stay as they were until their rows change). An incompatible type
   change still stops the table (its values could not be stored).
 
@@ -55,6 +57,9 @@ class Plan:
     stop: str | None = None  # why the table stops
     # The source's columns after the statement (lower-case name -> column), whatever the policy.
     source_columns: dict[str, SourceColumn] = field(default_factory=dict)
+    # `ignore`: lake columns (lower case) whose name a new source column took (added again, or
+    # renamed onto): its values are another column's, never written into the lake's.
+    unsynced: set[str] = field(default_factory=set)
 
 
 def iceberg_promotable(old: str, new: str) -> bool:
@@ -128,6 +133,8 @@ def plan(
             result.stop = "--schema-changes strict follows no column change"
             return result
         if change.kind == "add":
+            if policy == "ignore" and name in lake:
+                result.unsynced.add(name)
             if policy == "evolve":
                 if name in lake:
                     # The lake still holds a dropped column of that name, with its old values.
@@ -145,6 +152,8 @@ def plan(
         elif change.kind == "drop":
             source.pop(name, None)  # the lake keeps the column
         elif change.kind == "rename":
+            if policy == "ignore" and new_name in lake:
+                result.unsynced.add(new_name)
             if policy == "evolve":
                 if new_name == name:
                     result.stop = f"renaming `{change.name}` to `{change.new_name}` changes only letter case"
@@ -160,6 +169,9 @@ def plan(
                 old = source.pop(name)
                 source[new_name] = SourceColumn(change.new_name, old.column_type, old.nullable)
         elif change.kind == "retype":
+            if name in result.unsynced:  # not the lake's column: nothing to follow
+                source[name] = change.column
+                continue
             stop, resnapshot, promote = _retype(change, source, lake, exact)
             if stop is not None:
                 result.stop = stop

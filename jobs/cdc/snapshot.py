@@ -77,6 +77,7 @@ CHUNK_ROWS = 10_000  # one SELECT; small enough that its read view is short on a
 COMMIT_ROWS = 200_000  # rows per staging commit: what a kill -9 can cost to read again
 TASK_ROWS = 50_000  # at least, per Spark task writing a piece (and so per data file it adds)
 READERS = 2  # reader processes side by side: 1.2-1.3x one, on 2 cores (`python -m bench cdc_snapshot`)
+DESCRIBE_ATTEMPTS = 5  # describing again while a migration keeps changing the columns
 
 
 @dataclass(frozen=True)
@@ -259,8 +260,21 @@ def snapshot_table(
             source.qualified, progress.rows, progress.chunks, progress.position,
         )  # fmt: skip
     else:
-        position = BinlogPosition(*source_db.master_position(conn))
-        source_db.write_barrier(conn)  # everything up to `position` is now visible to the reads
+        for _ in range(DESCRIBE_ATTEMPTS):
+            position = BinlogPosition(*source_db.master_position(conn))
+            source_db.write_barrier(conn)  # everything up to `position` is now visible to the reads
+            # An ALTER committed between the description and `position` is before the position (never
+            # replayed) and its columns are not in the description (never read): describe again.
+            again = source_db.describe_table(conn, source_schema, source_name)
+            if again == source:
+                break
+            log.info("snapshot %s: its columns changed as it started; described again", source.qualified)
+            source, columns = again, [(c.name, c.spark_type) for c in again.columns]
+        else:
+            raise RuntimeError(
+                f"snapshot {source.qualified}: its columns changed {DESCRIBE_ATTEMPTS} times as it started; "
+                "run it again when no migration runs"
+            )
         staging = new_staging_table(target)
         # A reader per range, and at least a commit's rows per range (a small table: one reader).
         parts = min(readers, estimate // commit_rows)

@@ -154,6 +154,43 @@ def list_tables(conn: pymysql.Connection, schemas: tuple[str, ...] | None) -> li
         return [(r[0], r[1]) for r in cur.fetchall()]
 
 
+def rows_by_key(
+    connect, schema: str, name: str, key: tuple[str, ...], keys: list[tuple], chunk: int = 500
+) -> dict[tuple[str, ...], dict]:
+    """The source's rows of these primary keys now, by key (each value as text, so the lake's values
+    and the source's compare whatever their Python types)."""
+    quote = lambda ident: "`" + ident.replace("`", "``") + "`"  # noqa: E731
+    found: dict[tuple[str, ...], dict] = {}
+    conn = connect()
+    try:
+        with conn.cursor() as cur:
+            for start in range(0, len(keys), chunk):
+                part = keys[start : start + chunk]
+                row = "(" + ", ".join(["%s"] * len(key)) + ")"
+                cur.execute(
+                    f"SELECT * FROM {quote(schema)}.{quote(name)} WHERE ({', '.join(map(quote, key))}) IN "
+                    f"({', '.join([row] * len(part))})",
+                    [value for values in part for value in values],
+                )
+                names = [d[0] for d in cur.description]
+                for values in cur.fetchall():
+                    record = dict(zip(names, values, strict=True))
+                    found[tuple(str(record[k]) for k in key)] = record
+        conn.commit()
+    finally:
+        conn.close()
+    return found
+
+
+def table_exists(conn: pymysql.Connection, schema: str, name: str) -> bool:
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+            (schema, name),
+        )
+        return cur.fetchone() is not None
+
+
 def describe_table(conn: pymysql.Connection, schema: str, name: str) -> SourceTable:
     with conn.cursor() as cur:
         cur.execute(
@@ -196,14 +233,20 @@ def master_position(conn: pymysql.Connection) -> tuple[str, int, str]:
         row = cur.fetchone()
         if row is None:
             raise ConfigError("the source has no binary log: enable log_bin with binlog_format=ROW")
-        gtid = ""
+        file, position = row[0], int(row[1])
+        # The GTID set of exactly that position, not read apart from it: a transaction committing
+        # between two reads would be inside the GTID set and after the file position, and a resume
+        # by GTID would skip it. MySQL's status row carries it (Executed_Gtid_Set); MariaDB computes
+        # it from the file and offset.
+        if len(row) > 4:
+            return file, position, (row[4] or "").replace("\n", "")
         try:
-            cur.execute("SELECT @@gtid_binlog_pos")  # MariaDB
+            cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (file, position))  # MariaDB
             gtid = cur.fetchone()[0] or ""
         except pymysql.MySQLError:
-            cur.execute("SELECT @@global.gtid_executed")  # MySQL
+            cur.execute("SELECT @@global.gtid_executed")  # a MySQL without the column (not seen)
             gtid = cur.fetchone()[0] or ""
-    return row[0], int(row[1]), gtid
+    return file, position, gtid
 
 
 def binary_logs(conn: pymysql.Connection) -> dict[str, int]:

@@ -33,6 +33,7 @@ from tenacity import before_sleep_log, retry, retry_if_exception_type, stop_afte
 
 from jobs.cdc import (
     apply_changes,
+    foreign_keys,
     merge_warm_up,
     position_commit,
     schema_policy,
@@ -41,7 +42,7 @@ from jobs.cdc import (
     target_table,
 )
 from jobs.cdc.binlog_reader import BinlogPosition, BinlogReader, DdlEvent, Transaction
-from jobs.cdc.change_batch import RowChange, last_change_per_key
+from jobs.cdc.change_batch import DELETE, UPSERT, RowChange, last_change_per_key
 from jobs.cdc.position_check import position_problem
 from jobs.cdc.schema_mapping import SourceColumn, UnsupportedType
 from jobs.cdc.table_selection import TableSelection, TableSpec, UnusableName
@@ -83,6 +84,23 @@ class TableState:
     source_columns: dict[str, SourceColumn] = field(default_factory=dict)
     columns_exact: bool = False
     awaits_key: bool = False  # stopped for want of a primary key: synced once the source has one
+    # The source table was dropped (where in the binlog, or "while the job was stopped"): the lake
+    # table keeps its rows, marked; not an error, nothing more to sync.
+    dropped: str | None = None
+    # Lake columns (lower case) not written (`--schema-changes ignore`: a new source column took the
+    # name); kept in the table property UNSYNCED_PROPERTY across restarts.
+    unsynced: frozenset[str] = frozenset()
+
+    def row_for_lake(self, change: RowChange) -> RowChange:
+        if not self.unsynced:
+            return change
+        row = {k: v for k, v in change.row.items() if k.lower() not in self.unsynced}
+        return RowChange(change.op, change.key, row, change.before)
+
+    @property
+    def live(self) -> bool:
+        """Still synced: neither stopped by an error nor dropped in the source."""
+        return self.error is None and self.dropped is None
 
     def track_source(self, columns, exact: bool) -> None:
         self.source_columns = {c.name.lower(): c for c in columns}
@@ -156,6 +174,7 @@ class CdcSync(StreamingJob):
         self._source_end: BinlogPosition | None = None
         self.credentials = source_db.cdc_credentials(config)
         self.tables: dict[tuple[str, str], TableState] = {}
+        self.foreign_keys: list[foreign_keys.ForeignKey] = []  # of the synced tables (cascades)
         self.reader: BinlogReader | None = None
         self.fatal: str | None = None
         self.last_report = BatchReport()
@@ -195,16 +214,17 @@ class CdcSync(StreamingJob):
                     self.tables[spec.source_key] = self._prepare(conn, spec, is_mariadb)
             # With a pattern the reader runs even with no table yet: one may be created.
             now = BinlogPosition(*source_db.master_position(conn)) if self.selection.dynamic else None
+            self._refresh_foreign_keys(conn)
         finally:
             conn.close()
-        active = [t for t in self.tables.values() if t.error is None]
+        active = [t for t in self.tables.values() if t.live]
         if active or now is not None:
             start = min((t.position for t in active), key=lambda p: p.order) if active else now
             self.reader = BinlogReader(
                 source_db.connection_settings(self.config, self.credentials),
                 self.server_id,
                 start,
-                {k: t.key for k, t in self.tables.items() if t.error is None},
+                {k: t.key for k, t in self.tables.items() if t.live},
                 is_mariadb=is_mariadb,
                 selects=self._takes_new_table,
             ).start()
@@ -297,7 +317,10 @@ class CdcSync(StreamingJob):
     def _takes_new_table(self, schema: str, name: str) -> bool:
         """The reader asks: does a table created (or given a primary key) under this name join?"""
         state = self.tables.get((schema, name))
-        return (state is None or state.awaits_key) and self.selection.selects(schema, name)
+        # a dropped table's name taken again is reported too: it stops until --resync
+        return (state is None or state.awaits_key or state.dropped is not None) and self.selection.selects(
+            schema, name
+        )
 
     def _prepare(
         self, conn: pymysql.Connection, spec: TableSpec, is_mariadb: bool, created: bool = False
@@ -313,6 +336,11 @@ class CdcSync(StreamingJob):
         if stored is not None and not wants_resync:
             snapshot.drop_finished_staging(self.spark, spec.target, stored)
         taken = None
+        dropped = target_table.source_dropped(self.spark, spec.target) if in_lake else None
+        if dropped is not None and not wants_resync and source_db.table_exists(conn, *spec.source_key):
+            state = TableState(spec, (), [], stored or BinlogPosition("", 0), dropped=dropped)
+            self._created_again(state, f"CREATE TABLE {spec.source}, while the job was stopped")
+            return state
         try:
             if created:
                 described = source_db.describe_table(conn, spec.source_schema, spec.source_name)
@@ -325,6 +353,18 @@ class CdcSync(StreamingJob):
                 source = source_db.describe_table(conn, spec.source_schema, spec.source_name)
             for column in source.columns:
                 column.spark_type  # noqa: B018 - raises UnsupportedType for a type with no mapping
+            if taken is None and (merged_by := target_table.identifier_fields(self.spark, spec.target)):
+                if {c.lower() for c in merged_by} != {c.lower() for c in source.key}:
+                    # changed while the job was stopped: rows the old key kept apart may share the new
+                    # one (or the reverse), and merging by the new key would not undo what is there
+                    state = TableState(spec, (), [], stored)
+                    self._stop_table(
+                        state,
+                        f"the source table's primary key is ({', '.join(source.key)}), the lake table's "
+                        f"({', '.join(sorted(merged_by))}): it changed while the job was stopped; "
+                        f"{resync_hint(spec)}",
+                    )
+                    return state
         except UnsupportedType as exc:
             state = TableState(spec, (), [], stored or BinlogPosition("", 0))
             self._stop_table(state, f"cannot sync {spec.source}: {exc}; change or drop that column")
@@ -338,20 +378,24 @@ class CdcSync(StreamingJob):
             if not in_lake or target_table.synced_source(self.spark, spec.target, database) != spec.source:
                 raise  # never synced from it: a misspelt --table, or created and gone (the caller says)
             state = TableState(spec, (), [], stored or BinlogPosition("", 0))
-            gone_for_good = (
-                f"remove --table {spec.source}"
-                if spec in self.selection.explicit
-                else f"drop the lake table or --exclude {spec.source}"
-            )
-            self._stop_table(
-                state,
-                f"the source table {spec.source} does not exist (dropped or renamed): the lake table "
-                f"stays as it was; if the table comes back, `lakehouse run cdc --resync {spec.source}` "
-                f"syncs it anew; if it is gone for good, {gone_for_good}",
-            )
+            marked = target_table.source_dropped(self.spark, spec.target)
+            if marked is not None:
+                state.dropped = marked
+                log.info(
+                    "%s: its source table %s was dropped %s (kept, not synced)",
+                    spec.target,
+                    spec.source,
+                    marked,
+                )
+            else:  # dropped (or renamed away) while the job was stopped: the DROP was never read
+                self._source_dropped(state, f"after {stored} (while the job was stopped)")
             return state
         target_table.configure_table(self.spark, spec.target, source.key, spec.source)
         state = TableState(spec, source.key, target_table.target_columns(self.spark, spec.target), position)
+        if taken is None:
+            state.unsynced = target_table.unsynced_columns(self.spark, spec.target)
+        else:  # a fresh snapshot's table mirrors the source: not dropped, every column synced
+            target_table.clear_marks(self.spark, spec.target)
         # The source's columns as of the position only when the snapshot described them before it.
         state.track_source(source.columns, exact=taken is not None and taken.described_before_position)
         # Only a stored position can be stale; a fresh snapshot's is the source's own.
@@ -465,8 +509,9 @@ class CdcSync(StreamingJob):
 
     def _apply(self, transactions: list[Transaction], report: BatchReport) -> None:
         end = transactions[-1].end
+        applied: dict[tuple[str, str], list[RowChange]] = {}
         for source_key, state in self.tables.items():
-            if state.error is not None:
+            if not state.live:
                 continue
             changes = [
                 change
@@ -476,7 +521,8 @@ class CdcSync(StreamingJob):
             ]
             if not changes:
                 continue
-            latest = last_change_per_key(changes)
+            applied[source_key] = changes
+            latest = [state.row_for_lake(change) for change in last_change_per_key(changes)]
             began = time.monotonic()
             apply_changes.apply_changes(
                 self.spark, state.spec.target, state.columns, state.key, latest, state.position, end
@@ -488,13 +534,114 @@ class CdcSync(StreamingJob):
             state.position = end
             if self.on_commit is not None:
                 self.on_commit(state.spec.target, latest, committed)
+        self._cascade(applied, end, report)
         report.position = end
         report.lag_seconds = max(0.0, time.time() - transactions[-1].timestamp)
+
+    # ---- foreign-key cascades (foreign_keys.py) --------------------------------------------------
+
+    def _refresh_foreign_keys(self, conn: pymysql.Connection | None = None) -> None:
+        """Read the synced tables' foreign keys again (at start, after any DDL); a synced child whose
+        cascading key references a table that is not synced stops: its cascades would never be seen."""
+        schemas = sorted({schema for schema, _ in self.tables})
+        own = conn is None
+        conn = conn or self._connect()
+        try:
+            self.foreign_keys = foreign_keys.read_foreign_keys(conn, schemas)
+        finally:
+            if own:
+                conn.close()
+        while True:  # a stopped child is a parent no longer followed for its own children
+            live = {key for key, state in self.tables.items() if state.live}
+            unfollowed = foreign_keys.unfollowed_parents(self.foreign_keys, live)
+            if not unfollowed:
+                return
+            for child, fk in unfollowed.items():
+                self._stop_table(
+                    self.tables[child],
+                    f"its foreign key {fk.describe()}: the parent is not synced, so the rows its changes "
+                    f"cascade to would never reach the lake; sync {'.'.join(fk.parent)} too, or --exclude "
+                    f"{'.'.join(child)}",
+                )
+
+    def _cascade(self, applied: dict[tuple[str, str], list[RowChange]], end: BinlogPosition, report) -> None:
+        """Apply what the parents' changes of this batch cascaded to in the source (no row events):
+        the child rows under the old referenced values, read again from the source by their keys;
+        then their own children, until nothing more changes (InnoDB stops at 15 levels)."""
+        pending, seen = applied, set()
+        for _ in range(16):
+            found: dict[tuple[str, str], list[RowChange]] = {}
+            for fk in self.foreign_keys:
+                child = self.tables.get(fk.child)
+                if not fk.cascades or fk.parent not in pending or child is None or not child.live:
+                    continue
+                values = foreign_keys.cascade_seeds(fk, pending[fk.parent])
+                if not values:
+                    continue
+                changes = [
+                    child.row_for_lake(c)
+                    for c in self._children_now(child, fk, values)
+                    if (fk.child, c.key) not in seen
+                ]
+                if not changes:
+                    continue
+                seen.update((fk.child, c.key) for c in changes)
+                began = time.monotonic()
+                apply_changes.apply_changes(
+                    self.spark, child.spec.target, child.columns, child.key, changes, child.position, end
+                )
+                report.commit_ms += (time.monotonic() - began) * 1000
+                short = child.spec.target.split(".", 1)[-1]
+                report.changes[short] = report.changes.get(short, 0) + len(changes)
+                child.position, child.last_commit = end, time.monotonic()
+                if self.on_commit is not None:
+                    self.on_commit(child.spec.target, changes, time.time())
+                log.info("%s: %d rows as %s cascaded them (%s)", child.spec.target, len(changes),
+                         ".".join(fk.parent), fk.name)  # fmt: skip
+                found.setdefault(fk.child, []).extend(changes)
+            if not found:
+                return
+            pending = found
+
+    def _children_now(
+        self, child: TableState, fk: foreign_keys.ForeignKey, values: set[tuple]
+    ) -> list[RowChange]:
+        """The lake's child rows referencing `values`, each as the source has it now: an upsert of the
+        source's row (before: the lake's), or a delete when the source no longer has the key."""
+        from functools import reduce
+
+        from pyspark.sql import functions as F
+
+        columns = [F.col(apply_changes._quote(c)) for c in fk.child_columns]
+        ordered = sorted(values, key=repr)
+        lake_rows = []
+        for start in range(0, len(ordered), 500):
+            chunk = ordered[start : start + 500]
+            if len(columns) == 1:
+                condition = columns[0].isin([v[0] for v in chunk])
+            else:
+                terms = [reduce(lambda a, b: a & b, (c == F.lit(x) for c, x in zip(columns, v, strict=True)))
+                         for v in chunk]  # fmt: skip
+                condition = reduce(lambda a, b: a | b, terms)
+            lake_rows += [r.asDict() for r in self.spark.table(child.spec.target).where(condition).collect()]
+        if not lake_rows:
+            return []
+        keys = [tuple(row[k] for k in child.key) for row in lake_rows]
+        now = source_db.rows_by_key(
+            self._connect, child.spec.source_schema, child.spec.source_name, child.key, keys
+        )
+        changes = []
+        for row, key in zip(lake_rows, keys, strict=True):
+            current = now.get(tuple(str(v) for v in key))
+            changes.append(
+                RowChange(UPSERT, key, current, before=row) if current else RowChange(DELETE, key, row)
+            )
+        return changes
 
     def _commit_progress(self, position: BinlogPosition) -> None:
         """Move quiet tables' stored positions up to `position` (everything before it is applied)."""
         for state in self.tables.values():
-            if state.error is not None or position.order <= state.position.order:
+            if not state.live or position.order <= state.position.order:
                 continue
             if time.monotonic() - state.last_commit < self.progress_seconds:
                 continue
@@ -513,11 +660,28 @@ class CdcSync(StreamingJob):
 
     def _apply_ddl(self, ddl: DdlEvent) -> None:
         statement = " ".join(ddl.change.statement.split())
+        try:
+            self._apply_table_ddl(ddl, statement)
+        finally:  # a FOREIGN KEY added or dropped, a table created or dropped: cascades change
+            self._refresh_foreign_keys()
+
+    def _apply_table_ddl(self, ddl: DdlEvent, statement: str) -> None:
         for source_key in ddl.tables:
             state = self.tables.get(source_key)  # None: followed once, then gone before its snapshot
-            if state is None or state.error is not None or ddl.end.order <= state.position.order:
+            if state is not None and state.dropped and ddl.change.created:
+                self._created_again(state, statement)
                 continue
-            if ddl.change.replaces:  # CREATE OR REPLACE: the source's rows are new, without row events
+            if state is None or not state.live or ddl.end.order <= state.position.order:
+                continue
+            if (
+                ddl.change.foreign_keys_changed
+                and not ddl.change.column_changes
+                and not ddl.change.unsupported
+            ):
+                continue  # the keys are read again after the statement
+            if ddl.change.reason == "DROP":
+                self._source_dropped(state, f"at {ddl.end}", statement)
+            elif ddl.change.replaces:  # CREATE OR REPLACE: the source's rows are new, without row events
                 self._replaced(state, statement)
             elif ddl.change.created and not ddl.change.unsupported:
                 continue  # CREATE TABLE IF NOT EXISTS on a table that exists: nothing changed
@@ -525,7 +689,6 @@ class CdcSync(StreamingJob):
                 self._truncate(state, ddl.end, statement)
             elif ddl.change.unsupported:
                 what = {
-                    "DROP": "the source table was dropped; the lake table stays as it was",
                     "RENAME": "the source table was renamed; the lake table stays as it was",
                 }.get(ddl.change.reason, f"unsupported DDL on {state.spec.source} (`{ddl.change.reason}`)")
                 self._stop_table(
@@ -540,6 +703,9 @@ class CdcSync(StreamingJob):
         """A table the selection takes was created (or renamed into place, or given the primary key
         it waited for) in the source: snapshot it and follow it, between two batches of the others."""
         waiting = self.tables.get((schema, name))
+        if waiting is not None and waiting.dropped:
+            self._created_again(waiting, statement)
+            return
         if waiting is not None and not waiting.awaits_key:
             return
         others = {t.spec.target: t.spec for k, t in self.tables.items() if k != (schema, name)}
@@ -558,6 +724,37 @@ class CdcSync(StreamingJob):
         self.tables[spec.source_key] = state
         if state.error is None:
             log.info("%s: new source table %s is synced from %s on", spec.target, spec.source, state.position)
+
+    def _source_dropped(self, state: TableState, where: str, statement: str | None = None) -> None:
+        """The source table is gone: the lake table keeps its rows, marked with where the DROP was
+        (`lakehouse.cdc.source-dropped`), and the job goes on. Said once: later starts find the mark."""
+        spec = state.spec
+        state.dropped = where
+        if self.reader is not None:
+            self.reader.unfollow(spec.source_key)
+        target_table.mark_source_dropped(self.spark, spec.target, where)
+        log.warning(
+            "%s: the source table %s was dropped %s%s; the lake table keeps its rows (table property %s). "
+            "If it comes back, `lakehouse run cdc --resync %s` syncs it anew; to remove the lake table: "
+            "`lakehouse run cdc --drop-orphaned %s`",
+            spec.target,
+            spec.source,
+            where,
+            f" (`{statement}`)" if statement else "",
+            target_table.DROPPED_PROPERTY,
+            spec.source,
+            spec.target,
+        )
+
+    def _created_again(self, state: TableState, statement: str) -> None:
+        """A dropped table's name is taken again: its rows are another table's. Synced anew only on
+        request, so the kept rows are never replaced by surprise."""
+        if state.error is None:
+            self._stop_table(
+                state,
+                f"the source table {state.spec.source} was created again (`{statement}`) after it was "
+                f"dropped {state.dropped}; the lake table keeps the old rows; {resync_hint(state.spec)}",
+            )
 
     def _stop_table(self, state: TableState, message: str) -> None:
         state.error = f"{state.spec.target or state.spec.source}: {message}"
@@ -590,6 +787,9 @@ class CdcSync(StreamingJob):
                 target_table.promote_column(self.spark, target, action.name, action.column.spark_type)
         state.source_columns = planned.source_columns
         state.columns = target_table.target_columns(self.spark, target)
+        if planned.unsynced - state.unsynced:
+            state.unsynced = frozenset(state.unsynced | planned.unsynced)
+            target_table.set_unsynced_columns(self.spark, target, state.unsynced)
         log.info(
             "%s: `%s` followed (--schema-changes %s): %s",
             target,
@@ -657,7 +857,7 @@ class CdcSync(StreamingJob):
 
     def _fail_all(self, reason: str) -> None:
         for state in self.tables.values():
-            if state.error is None:
+            if state.live:
                 state.error = f"{state.spec.target}: sync stopped: {reason}; {resync_hint(state.spec)}"
                 log.error(state.error)
 
@@ -673,7 +873,7 @@ class CdcSync(StreamingJob):
         binlog cannot be read on."""
         if self.reader is not None and self.reader.fatal is not None:
             return True
-        return not self.selection.dynamic and all(t.error for t in self.tables.values())
+        return not self.selection.dynamic and not any(t.live for t in self.tables.values())
 
     def caught_up(self, target: BinlogPosition) -> bool:
         """Everything up to `target` has been read and applied (or the reader cannot go on)."""

@@ -42,6 +42,47 @@ def synced_source(spark, target: str, database: str) -> str | None:
     return source
 
 
+# Table property: where the source table was dropped (`at <binlog position>`, or `after <position>
+# (while the job was stopped)`). The lake table keeps its rows; CDC and verify leave it alone.
+DROPPED_PROPERTY = "lakehouse.cdc.source-dropped"
+
+
+def _literal(text: str) -> str:
+    """A Spark SQL string literal (backslash and quote escaped)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# Table property (`--schema-changes ignore`): lake columns whose name a new source column took; their
+# source values are never written (a comma-separated list, lower case).
+UNSYNCED_PROPERTY = "lakehouse.cdc.unsynced-columns"
+
+
+def set_unsynced_columns(spark, table: str, names: frozenset[str]) -> None:
+    value = ",".join(sorted(names))
+    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('{UNSYNCED_PROPERTY}'={_literal(value)})")
+
+
+def unsynced_columns(spark, table: str) -> frozenset[str]:
+    value = dict(spark.sql(f"SHOW TBLPROPERTIES {table}").collect()).get(UNSYNCED_PROPERTY, "")
+    return frozenset(n for n in value.split(",") if n)
+
+
+def clear_marks(spark, table: str) -> None:
+    """A table snapshotted anew mirrors its source again: no longer dropped, every column synced."""
+    spark.sql(
+        f"ALTER TABLE {table} UNSET TBLPROPERTIES IF EXISTS ('{DROPPED_PROPERTY}', '{UNSYNCED_PROPERTY}')"
+    )
+
+
+def mark_source_dropped(spark, table: str, where: str) -> None:
+    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('{DROPPED_PROPERTY}'={_literal(where)})")
+
+
+def source_dropped(spark, table: str) -> str | None:
+    """Where the lake table's source table was dropped, or None (still synced, or not a CDC table)."""
+    return dict(spark.sql(f"SHOW TBLPROPERTIES {table}").collect()).get(DROPPED_PROPERTY)
+
+
 def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
@@ -65,6 +106,11 @@ def create_iceberg_table(spark, table: str, columns: list[tuple[str, str]], key:
     cols = ", ".join(f"{_quote(name)} {kind}{' NOT NULL' if name in key else ''}" for name, kind in columns)
     props = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
     spark.sql(f"CREATE TABLE IF NOT EXISTS {table} ({cols}) USING iceberg TBLPROPERTIES ({props})")
+
+
+def identifier_fields(spark, table: str) -> set[str]:
+    """The lake table's identifier fields: the key CDC merges by (set from the source's primary key)."""
+    return set(load_iceberg_table(spark, table).schema().identifierFieldNames())
 
 
 def configure_table(spark, table: str, key: tuple[str, ...], source: str | None = None) -> None:

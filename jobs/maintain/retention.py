@@ -4,7 +4,9 @@ The streaming jobs commit their progress in snapshot summaries (keys starting wi
 e.g. `lakehouse.kafka.offsets`, `lakehouse.cdc.position`, `lakehouse.views.click-offsets`) and read it
 back from the newest current ancestor that carries the key (`snapshot_progress.read_progress`).
 expire_snapshots removes every snapshot strictly older than `older_than`, whatever `retain_last`
-says, so `older_than` is capped at the oldest of those snapshots: none of them can go.
+says, so `older_than` is capped at the oldest of those snapshots: none of them can go. A key that
+another, newer one supersedes (`progress_keys.SUPERSEDED_BY`: a CDC table's finished snapshot) is not
+kept: it would pin every later snapshot of the table for good.
 """
 
 from __future__ import annotations
@@ -62,16 +64,21 @@ def progress_snapshots(
     """Per summary key starting with `prefix`: the newest current ancestor carrying it, in the order
     `read_progress` uses (made current, then committed)."""
     newest: dict[str, SnapshotInfo] = {}
+
+    def order(snap: SnapshotInfo) -> tuple[int, int]:
+        return (snap.made_current_ms or 0, snap.committed_ms)
+
     for snap in snapshots:
         if not snap.is_current_ancestor:
             continue
-        order = (snap.made_current_ms or 0, snap.committed_ms)
         for key in snap.summary_keys:
             best = newest.get(key)
-            if key.startswith(prefix) and (
-                best is None or order > (best.made_current_ms or 0, best.committed_ms)
-            ):
+            if key.startswith(prefix) and (best is None or order(snap) > order(best)):
                 newest[key] = snap
+    # A finished CDC snapshot's progress, superseded by the table's own position: nothing reads it.
+    for key, successor in progress_keys.SUPERSEDED_BY.items():
+        if key in newest and successor in newest and order(newest[successor]) >= order(newest[key]):
+            del newest[key]
     return newest
 
 

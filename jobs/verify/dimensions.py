@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from jobs.cdc import source_db
+from jobs.cdc import source_db, target_table
 from jobs.cdc.binlog_reader import BinlogPosition, BinlogReader, DdlEvent
 from jobs.cdc.snapshot import WHOLE_TABLE, piece_frames, rows_frame
 from jobs.cdc.source_db import SourceTable
@@ -170,10 +170,16 @@ def check_dimension(
         try:
             source = source_db.describe_table(conn, *source_name)
         except source_db.MissingTable:
-            raise CannotCompare(
-                f"the source table {qualified} does not exist (dropped, renamed?): CDC stopped following it; "
-                "drop the lake table if it is no longer wanted"
-            ) from None
+            # Not a failure: the lake keeps a dropped table's rows on purpose (jobs/cdc/README.md).
+            dropped = target_table.source_dropped(spark, target)
+            result.notes.append(
+                f"not compared: the source table {qualified} was dropped {dropped}; the lake table keeps its "
+                f"rows (`lakehouse run cdc --drop-orphaned {result.table}` removes it)"
+                if dropped
+                else f"not compared: the source table {qualified} does not exist (dropped or renamed); CDC "
+                "marks the lake table when it reads the DROP"
+            )
+            return result
         except source_db.NoPrimaryKey:
             raise CannotCompare(f"the source table {qualified} has no primary key any more") from None
         src = source_frame(spark, conn, source, connection_settings=connection_settings).cache()

@@ -1,0 +1,62 @@
+"""The CDC fuzzer (tests/cdc_fuzz.py), bounded and derandomized: `make test` runs a few sequences;
+`make fuzz` (CDC_FUZZ_EXAMPLES, CDC_FUZZ_STEPS) runs many, with fresh randomness."""
+
+from __future__ import annotations
+
+import os
+
+import cdc_fuzz
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
+from test_cdc_sync import catch_up
+
+from jobs.cdc.sync import CdcSync
+from jobs.cdc.table_selection import TableSelection
+
+EXAMPLES = int(os.environ.get("CDC_FUZZ_EXAMPLES", "4"))
+STEPS = int(os.environ.get("CDC_FUZZ_STEPS", "16"))
+FUZZING = "CDC_FUZZ_EXAMPLES" in os.environ  # `make fuzz`: fresh randomness, every run different
+
+
+@pytest.mark.stack
+@pytest.mark.timeout(3600 if FUZZING else 600)
+def test_cdc_keeps_every_table_equal_to_its_source_or_says_why(spark, lake_config, local_stack):
+    from lakehouse.local.mariadb import APP_USER
+    from lakehouse.local.settings import load_or_create_secrets
+
+    secrets = load_or_create_secrets(local_stack.settings)
+
+    def connect_app():
+        return local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
+
+    def make_sync(server_id: int) -> CdcSync:
+        selection = TableSelection.from_args(lake_config, (), ("user_db.fz_*",), ())
+        return CdcSync(
+            spark, lake_config, selection, server_id=server_id, snapshot_reader_process=False
+        ).start()
+
+    machine = cdc_fuzz.cdc_machine(spark, lake_config, connect_app, catch_up, make_sync)
+    cdc_fuzz.STATEMENTS.clear()
+    cdc_fuzz.STOPPED.clear()
+    try:
+        run_state_machine_as_test(
+            machine,
+            settings=settings(
+                max_examples=EXAMPLES,
+                stateful_step_count=STEPS,
+                deadline=None,
+                derandomize=not FUZZING,
+                suppress_health_check=list(HealthCheck),
+                print_blob=True,
+            ),
+            _min_steps=STEPS // 2,  # not only the short sequences a derandomized run starts with
+        )
+    finally:
+        statements = sum(n for k, n in cdc_fuzz.STATEMENTS.items() if not k.startswith(("quiet", "restart")))
+        print(f"\ncdc fuzz: {EXAMPLES} sequences of up to {STEPS} steps, {statements} statements")
+        for kind, count in sorted(cdc_fuzz.STATEMENTS.items()):
+            print(f"  {count:5d}  {kind}")
+        for reason, count in sorted(cdc_fuzz.STOPPED.items()):
+            print(f"  stopped {count:3d}x: {reason}")
+    assert statements >= EXAMPLES  # every sequence ran statements, each ended at a checked quiet point
