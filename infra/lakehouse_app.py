@@ -54,9 +54,7 @@ def config_from_context(app: App, environ: Mapping[str, str] = os.environ) -> De
         availability_zones=azs,
         parked=parked == "true",
         alert_email=str(alert_email) if alert_email else None,
-        access=AccessSettings.from_context(
-            lake_readers, app.node.try_get_context("security_admins")
-        ),
+        access=AccessSettings.from_context(lake_readers, app.node.try_get_context("security_admins")),
     )
 
 

@@ -19,18 +19,73 @@ if REPO_NODE.exists():
     os.environ.setdefault("JSII_NODE", str(REPO_NODE))
 
 # Markers follow what a test uses, so `make test-fast` (-m "not stack and not synth and not slow")
-# cannot run a test that starts a server or synthesizes the CDK app by forgetting a decorator.
+# cannot run a test that starts a server or synthesizes the CDK app by forgetting a decorator: by the
+# fixtures it asks for, by the fixtures those reach through `request.getfixturevalue` (their params), and
+# by the calls in its own code and its fixtures' code; and checked: while a test without these markers
+# runs, a synth, a Spark session or the local stack raises (GUARDED).
 STACK_FIXTURES = {"local_stack", "private_env"}  # the session's stack; test_local_stack's own one
 SYNTH_FIXTURES = {"dev", "prod", "parked_dev", "synthesized"}  # tests/infra/conftest.py
+SYNTH_CALLS = ("synthesize(", ".synth()", ".from_stack(")
+SPARK_CALLS = ("build_spark(", "SparkSession.builder")
+
+
+def _code(function) -> str:
+    import inspect
+
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
-        if used & STACK_FIXTURES:
+        definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        reached = {
+            p for defs in definitions.values() for d in defs for p in (d.params or ()) if isinstance(p, str)
+        }
+        callspec = getattr(item, "callspec", None)  # a parametrized name fetched by getfixturevalue
+        reached |= {v for v in (callspec.params.values() if callspec else ()) if isinstance(v, str)}
+        code = _code(getattr(item, "function", None)) + "".join(
+            _code(d.func) for defs in definitions.values() for d in defs
+        )
+        if used & STACK_FIXTURES or any(call in code for call in SPARK_CALLS):
             item.add_marker(pytest.mark.stack)
-        if used & SYNTH_FIXTURES:
+        if (used | reached) & SYNTH_FIXTURES or any(call in code for call in SYNTH_CALLS):
             item.add_marker(pytest.mark.synth)
+
+
+# What a test without those markers must not start, as (module, class, method, what): each raises
+# while such a test runs, so every run of the suite checks every fast test's markers.
+GUARDED = (
+    ("pyspark.sql.session", "SparkSession.Builder", "getOrCreate", "a Spark session"),
+    ("lakehouse.local.stack", "LocalStack", "up", "the local stack"),
+    ("aws_cdk", "Stage", "synth", "a CDK synth"),
+    ("aws_cdk", "App", "synth", "a CDK synth"),  # jsii gives App a synth of its own
+    ("aws_cdk.assertions", "Template", "from_stack", "a CDK synth"),
+    ("aws_cdk.assertions", "Annotations", "from_stack", "a CDK synth"),
+)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_nothing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if any(request.node.get_closest_marker(m) for m in ("stack", "synth", "slow")):
+        return
+    import importlib
+    import sys
+
+    for module, owner, method, what in GUARDED:
+        if module.startswith("aws_cdk") and "aws_cdk" not in sys.modules:
+            continue  # never loaded, never synthesized (importing it would start Node for every test)
+        target = importlib.import_module(module)
+        for part in owner.split("."):
+            target = getattr(target, part)
+
+        def refuse(*args, what=what, **kwargs):
+            raise RuntimeError(f"{what} started by a test not marked stack, synth or slow: mark it")
+
+        monkeypatch.setattr(target, method, refuse)
 
 
 @pytest.fixture(scope="session")

@@ -32,6 +32,20 @@ def test_default_selection_is_every_table_of_the_source_database(config) -> None
     assert selection.spec_for("lakehouse_meta", "cdc_snapshot_barrier") is None
 
 
+@pytest.mark.parametrize(
+    ("schema", "table"),
+    [("mysql", "user"), ("sys", "sys_config"), ("performance_schema", "threads"),
+     ("information_schema", "tables"), ("lakehouse_meta", "cdc_snapshot_barrier")],
+)  # fmt: skip
+def test_every_pattern_leaves_the_server_s_own_schemas_and_cdc_s_barrier_out(config, schema, table) -> None:
+    """`--include '*.*'` takes every schema the CDC user can see, except these: never the server's
+    own tables or the snapshot's barrier row (the default `user_db.*` could not show it)."""
+    for pattern in ("*.*", f"{schema}.*", f"{schema}.{table}"):
+        selection = TableSelection.from_args(config, includes=(pattern,))
+        assert selection.spec_for(schema, table) is None, pattern
+    assert TableSelection.from_args(config, includes=("*.*",)).spec_for("shop", "orders") is not None
+
+
 def test_patterns_exclusions_and_explicit_tables(config) -> None:
     selection = TableSelection.from_args(
         config,

@@ -61,7 +61,8 @@ NASTY = [
     + str(RECORD_MS).encode()
     + b"}",  # duplicate key: which uid is meant?
     b'{"u\\u0069d":"a","uid":"b","webpageId":1,"productId":"3","cookieId":"c","expendTime":2,"updateTime":1}',
-    b"[" * 100_000 + b"]" * 100_000,  # nesting deeper than the parser's recursion limit
+    # nesting deeper than the parser's recursion limit, within the size limit (so it reaches the parser)
+    b"[" * 30_000 + b"]" * 30_000,
     good(webpageId=2**64),
     good(expendTime=-(2**31) - 1),
     good(updateTime=10**30),
@@ -94,6 +95,7 @@ def test_no_payload_stops_the_batch_and_each_gets_one_verdict():
         assert (reason is None) == (uid is not None), (raw[:80] if raw else raw, reason)
     by_payload = dict(zip((m.raw for m in messages), reasons, strict=True))
     assert by_payload[good(cookieId="ab\ud83d")].startswith("invalid_unicode: cookieId")
+    assert by_payload[b"[" * 30_000 + b"]" * 30_000] == "not_json"  # RecursionError caught, not raised
     assert by_payload[NASTY[5]] == "duplicate_key: uid"
     assert by_payload[NASTY[6]] == "duplicate_key: uid"
     assert by_payload[good(productId="\U0001f600 emoji is fine")] is None

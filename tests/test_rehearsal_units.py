@@ -130,3 +130,28 @@ def test_click_check_finds_a_lost_a_doubled_and_a_misplaced_record():
     assert check_views(good, [{"productId": "1", "views": 2}]) == []
     assert check_views(good, [{"productId": "1", "views": 3}])
     assert check_dimension("t", [{"k": 1}, {"k": 1}], [{"k": 1}], ("k",))  # duplicates matter
+
+
+def test_the_report_check_finds_a_missing_day_a_miscount_and_a_day_not_asked_for():
+    from datetime import date, datetime
+
+    from lakehouse.rehearsal.checks import check_report
+
+    facts = [{"eventTime": datetime(2026, 11, d, 12)} for d in (27, 28, 28)]
+    both = [
+        {"report_date": date(2026, 11, 27), "events": 1},
+        {"report_date": date(2026, 11, 28), "events": 2},
+    ]
+    assert check_report(facts, both) == []
+    assert check_report(facts, both[1:]) == ["report 2026-11-27: missing, 1 clicks that day"]
+    assert check_report(facts, [{**both[1], "events": 3}], days={date(2026, 11, 28)}) == [
+        "report 2026-11-28: 3 events reported, 2 clicks that day"
+    ]
+    assert check_report(facts, both, days={date(2026, 11, 28)}) == [
+        "report 2026-11-27: reported, but the report was not run for that day"
+    ]
+    assert check_report(facts, []) == [
+        "report 2026-11-27: missing, 1 clicks that day",
+        "report 2026-11-28: missing, 2 clicks that day",
+        "the report table is empty",
+    ]

@@ -108,15 +108,22 @@ def check_views(facts: list[dict], views: list[dict]) -> list[str]:
     return [f"product_views: {dict(counted - clicks)} counted too often, {dict(clicks - counted)} missing"]
 
 
-def check_report(facts: list[dict], report: list[dict]) -> list[str]:
-    days = Counter(r["eventTime"].date() for r in facts)
+def check_report(facts: list[dict], report: list[dict], days=None) -> list[str]:
+    """Each day the report was run for (`days`; None: every day with clicks) reports exactly that
+    day's clicks, a day with clicks missing from the report included; no other day is reported."""
+    clicks = Counter(r["eventTime"].date() for r in facts)
     reported: Counter = Counter()
     for row in report:
         reported[row["report_date"]] += int(row["events"])
+    wanted = set(clicks) if days is None else set(days)
     problems = []
-    for day, events in reported.items():
-        if days[day] != events:
-            problems.append(f"report {day}: {events} events reported, {days[day]} clicks that day")
+    for day in sorted(wanted | set(reported)):
+        if day not in wanted:
+            problems.append(f"report {day}: reported, but the report was not run for that day")
+        elif day not in reported and clicks[day]:
+            problems.append(f"report {day}: missing, {clicks[day]} clicks that day")
+        elif reported[day] != clicks[day]:
+            problems.append(f"report {day}: {reported[day]} events reported, {clicks[day]} clicks that day")
     if not reported:
         problems.append("the report table is empty")
     return problems

@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from lakehouse.rehearsal import checks, watched_metrics
@@ -259,6 +260,7 @@ class Rehearsal:
                 failure = RehearsalFailed(f"{failure}\n{stop_failure}") if failure else stop_failure
         if failure is not None:
             raise failure
+        self.report_days = {datetime.now(UTC).date()}  # the step reports the day it starts on (UTC)
         self._run_step(batch["report"], env)
         self._run_step(batch["maintain"], env)
         self._run_step(batch["verify"], env)  # the product's own reconciliation: exit 1 on a mismatch
@@ -441,7 +443,9 @@ class Rehearsal:
                 source = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
                 problems += checks.check_dimension(table, source, lake.get(f"dim_db.{table}", []), columns)
         problems += checks.check_views(facts, lake.get("ads_behavior.product_views", []))
-        problems += checks.check_report(facts, lake.get("ads_behavior.member_daily_report", []))
+        problems += checks.check_report(
+            facts, lake.get("ads_behavior.member_daily_report", []), self.report_days
+        )
         self.log(
             f"verified: {len(facts)} facts + {len(lake.get('ods_behavior.clickevent_rejects', []))} rejects "
             f"against {len(topic)} topic records; dimensions against MySQL; views; report"

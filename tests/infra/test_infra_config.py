@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from aws_cdk import App
@@ -12,6 +13,8 @@ from aws_cdk import App
 from infra.config import DeploymentConfig, Removal
 from infra.lakehouse_app import config_from_context
 from jobs.config import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_unknown_environment_says_what_to_pass():
@@ -143,6 +146,60 @@ def test_operator_commands_never_load_the_cdk():
         ).stdout.strip()
         expected = "[]" if module in operator_modules else "['aws_cdk', 'constructs', 'jsii']"
         assert loaded == expected, f"{module} loads {loaded}"
+    # Imports inside functions run only when a command does (`lakehouse aws park` importing the app):
+    # every module an operator module imports anywhere must load no CDK either.
+    inside = set()
+    for module in operator_modules:
+        path = REPO_ROOT / (module.replace(".", "/") + ".py")
+        inside |= imported_modules(path.read_text())
+    assert not {m for m in inside if m.split(".")[0] in CDK_PACKAGES}, sorted(inside)
+    for module in sorted(m for m in inside if m.split(".")[0] in ("infra", "lakehouse", "jobs")):
+        loaded = subprocess.run(
+            [sys.executable, "-c", probe, module], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        assert loaded == "[]", f"{module}, imported by an operator command, loads {loaded}"
+
+
+CDK_PACKAGES = {"aws_cdk", "constructs", "jsii"}
+
+
+def imported_modules(source: str) -> set[str]:
+    """Every module a source file imports, at module level or inside a function."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found |= {
+                f"{node.module}.{alias.name}"
+                for alias in node.names
+                if _is_module(f"{node.module}.{alias.name}")
+            }
+    return found
+
+
+def _is_module(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def test_an_import_of_the_cdk_inside_a_command_function_is_found():
+    command = "\n".join(
+        [
+            "def park():",
+            "    from aws_cdk import App",
+            "    import infra.stacks",
+            "    from infra import lakehouse_app",
+        ]
+    )
+    assert imported_modules(command) == {"aws_cdk", "infra.stacks", "infra", "infra.lakehouse_app"}
 
 
 def test_plain_config_values_convert_to_cdk_types():

@@ -198,6 +198,44 @@ def test_no_role_reads_parameters_beyond_its_environments(synthesized):
                 env.render(concern, resource),
             )
             assert own in rendered, f"{concern}/{role.logical_id} may read parameters {rendered}"
+    assert managed_policies_beyond_the_known(env) == []
+
+
+# AWS managed policies our roles may carry: none of them reads SSM parameters (or much else).
+KNOWN_MANAGED_POLICIES = {
+    "service-role/AWSLambdaBasicExecutionRole",  # logs of a function
+    "service-role/AWSLambdaVPCAccessExecutionRole",  # network interfaces of a function in the VPC
+    "service-role/AmazonEMRServicePolicy_v2",  # EMR's service role (tag-scoped)
+    "service-role/AmazonRDSEnhancedMonitoringRole",  # RDS enhanced monitoring's role
+}
+
+
+def managed_policies_beyond_the_known(env) -> list[str]:
+    """Managed policies on any role (a Lambda's or the supervisor's too, not only the instance role's)
+    that are not among the known ones: AmazonSSMManagedInstanceCore or ReadOnlyAccess would read
+    every parameter of the account."""
+    found = []
+    for concern, template in env.templates.items():
+        for logical_id, resource in template["Resources"].items():
+            if resource["Type"] != "AWS::IAM::Role":
+                continue
+            for arn in resource["Properties"].get("ManagedPolicyArns", []):
+                name = env.render(concern, arn).split(":policy/", 1)[-1]
+                if name not in KNOWN_MANAGED_POLICIES:
+                    found.append(f"{concern}/{logical_id}: {name}")
+    return found
+
+
+def test_a_broad_managed_policy_on_any_role_is_found(dev):
+    import copy
+
+    env = copy.copy(dev)
+    env.templates = copy.deepcopy(dev.templates)
+    role = next(k for k, r in env.templates["Jobs"]["Resources"].items() if r["Type"] == "AWS::IAM::Role")
+    env.templates["Jobs"]["Resources"][role]["Properties"].setdefault("ManagedPolicyArns", []).append(
+        {"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, ":iam::aws:policy/ReadOnlyAccess"]]}
+    )
+    assert managed_policies_beyond_the_known(env) == [f"Jobs/{role}: ReadOnlyAccess"]
 
 
 def _parameter_name(env, concern: str, logical_id: str) -> str:
