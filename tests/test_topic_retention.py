@@ -173,3 +173,35 @@ def test_each_completed_pass_is_reported(s3):
     settings = RetentionSettings(topic=TOPIC, keep_batches=0, interval_seconds=0.01)
     TopicRetention(s3, BUCKET, read, settings).run_until(stop, on_pass=lambda: reported.append(1))
     assert len(reported) == 3
+
+
+def test_a_partition_whose_watermark_is_missing_keeps_everything(s3):
+    """No watermark object (a partition the broker never wrote one for): the high watermark is
+    unknown, so nothing of it is deleted whatever the lake claims."""
+    _store(s3, 0, list(range(10)), high=10)
+    s3.delete_object(Bucket=BUCKET, Key=watermark_key(TOPIC, 0))
+    assert _retention(s3, {0: 5}).run_once() == {}
+    assert _stored(s3, 0) == list(range(10))
+
+
+def test_objects_the_store_refused_to_delete_fail_the_pass(s3):
+    """DeleteObjects answers 200 with per-key Errors: ignoring them would count batches as deleted
+    that are still there (and the pass would not be retried)."""
+    _store(s3, 0, list(range(10)), high=10)
+    retention = _retention(s3, {0: 6})
+
+    def refusing(**kwargs):  # deletes nothing, as a store refusing every key would
+        first = kwargs["Delete"]["Objects"][0]["Key"]
+        return {"Errors": [{"Key": first, "Code": "AccessDenied", "Message": "Access Denied"}]}
+
+    retention.s3 = type(
+        "Refusing",
+        (),
+        {"__getattr__": lambda self, n: getattr(s3, n), "delete_objects": staticmethod(refusing)},
+    )()
+    with pytest.raises(RuntimeError, match="could not delete .*: Access Denied"):
+        retention.run_once()
+    assert _stored(s3, 0) == list(range(10))
+    retention.s3 = s3
+    assert retention.run_once() == {0: 6}  # not marked done: the next pass deletes them
+    assert _stored(s3, 0) == list(range(6, 10))

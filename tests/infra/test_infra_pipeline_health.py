@@ -214,6 +214,40 @@ def test_the_dashboard_shows_freshness_events_cdc_lag_restarts_msk_and_rds(synth
     assert search["expression"] == (
         f"SEARCH('{{{namespace},Job,Table}} Job=\"cdc-snapshot\" MetricName=\"RecordsIn\"', 'Sum', 60)"
     )
+    # Each graph shows exactly its metrics (a title alone passed with a wrong metric behind it).
+    from lakehouse.rehearsal.watched_metrics import watched
+
+    shown: dict[str, set] = {}
+    for where, (name, dims) in watched(synthesized.templates, namespace):
+        if where.startswith("dashboard widget "):
+            shown.setdefault(where.removeprefix("dashboard widget ").strip("'"), set()).add(
+                (name, tuple(sorted(dims)))
+            )
+
+    def metric(name, job, table):
+        return (name, (("Job", job), ("Table", table)))
+
+    tables = [
+        ("ingest", "ods_behavior.clickevent"),
+        ("cdc", "dim_db.products"),
+        ("cdc", "dim_db.user_member"),
+        ("views", "ads_behavior.product_views"),
+    ]
+    clicks = ("ingest", "ods_behavior.clickevent")
+    cdc = [t for j, t in tables if j == "cdc"]
+    assert shown == {
+        "Freshness per table (s, max)": {metric("LagSeconds", j, t) for j, t in tables},
+        "Clicks in per minute, rejects": {metric("RecordsIn", *clicks), metric("Rejects", *clicks)},
+        "CDC changes applied and lag": {
+            metric(m, "cdc", t) for m in ("RecordsIn", "LagSeconds") for t in cdc
+        },
+        "Ingest: Kafka offset lag (records) and commit time (s)": {
+            metric("OffsetLag", *clicks),
+            metric("CommitDuration", *clicks),
+        },
+        "Streaming step restarts": {("StreamingStepRestarts", ())},
+        "CDC snapshots: rows copied per minute": {("RecordsIn", (("*", "*"), ("Job", "cdc-snapshot")))},
+    }
 
 
 def test_the_supervisor_counts_restarts_and_the_jobs_may_publish_only_their_namespace(synthesized) -> None:
