@@ -529,13 +529,20 @@ def test_snapshot_reads_after_its_barrier_and_takes_no_lock(spark, app_conn, mak
     name = "cdc_test_barrier"
     pair = fresh_test_table(spark, app_conn, name)
     seed_rows(app_conn, name, 2_500)
+    from pymysql.constants import SERVER_STATUS
+
     calls: list[str] = []
+    open_transactions: list[str] = []  # a read view held past a chunk (conn.begin, autocommit off)
     for function in ("master_position", "write_barrier", "read_chunk"):
         real = getattr(snapshot.source_db, function)
 
         def spy(*args, _real=real, _name=function, **kwargs):
             calls.append(_name)
-            return _real(*args, **kwargs)
+            result = _real(*args, **kwargs)
+            conn = args[0]
+            if not conn.get_autocommit() or conn.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS:
+                open_transactions.append(_name)
+            return result
 
         monkeypatch.setattr(snapshot.source_db, function, spy)
     statements: list[str] = []
@@ -559,6 +566,7 @@ def test_snapshot_reads_after_its_barrier_and_takes_no_lock(spark, app_conn, mak
     ]
     forbidden = ("LOCK", "FLUSH", "START TRANSACTION", "BEGIN", "SET SESSION TRANSACTION")
     assert not [s for s in statements if s.startswith(forbidden)], statements
+    assert open_transactions == []  # each read is a statement on its own: no read view outlives it
     assert assert_converged(spark, app_conn, name) == 2_500
 
 
