@@ -2115,11 +2115,13 @@ def test_snapshot_and_binlog_store_every_type_alike_and_as_the_source_holds_it(
     assert catch_up(sync) == 3
     assert not sync.errors
 
+    rows = spark.table(f"lakehouse.dim_db.{name}").collect()
+    # each row once (a dict by id below would hide a duplicate)
+    assert Counter(row["id"] for row in rows) == Counter([1, 2, 3, 101, 102, 103])
     lake = {
         row["id"]: {k: bytes(v) if isinstance(v, bytearray) else v for k, v in row.asDict().items()}
-        for row in spark.table(f"lakehouse.dim_db.{name}").collect()
+        for row in rows
     }
-    assert sorted(lake) == [1, 2, 3, 101, 102, 103]
     differences = []
     for column, kind, _, _, first, second in TYPE_CASES:
         for row_id, expected in ((1, first), (2, second), (3, None)):
@@ -2342,3 +2344,54 @@ def test_maintenance_expires_a_cdc_table_s_merge_snapshots(spark, app_conn, make
     assert after <= 2, (before, after)  # the current one (and a compaction's), not every MERGE
     assert stored_position(spark, table) == position  # resume is unchanged
     assert assert_converged(spark, app_conn, name) == 20
+
+
+def test_two_sources_onto_one_target_stop_the_second_and_views_are_never_synced(
+    spark, local_stack, secrets, make_sync
+) -> None:
+    """Two schemas' tables of one name land on one target under a pattern: the second gets an error of
+    its own (the first goes on), at start and when created while the job runs. A view, even one the
+    pattern matches, is not a table to sync."""
+    from lakehouse.local.mariadb import APP_USER, CDC_USER
+
+    schemas = ("cdc_twin_a", "cdc_twin_b", "cdc_twin_c")
+    for schema in schemas:
+        for sql in (
+            f"DROP DATABASE IF EXISTS {schema}",
+            f"CREATE DATABASE {schema}",
+            f"GRANT ALL PRIVILEGES ON {schema}.* TO '{APP_USER}'@'127.0.0.1'",
+            f"GRANT SELECT ON {schema}.* TO '{CDC_USER}'@'127.0.0.1'",
+        ):
+            local_stack.mariadb.admin_sql(sql)
+    spark.sql("DROP TABLE IF EXISTS lakehouse.dim_db.twin")
+    conns = {
+        s: local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"], database=s) for s in schemas
+    }
+    try:
+        for schema in schemas[:2]:
+            recreate_source(conns[schema], "twin")
+            seed_rows(conns[schema], "twin", 3, prefix=schema[-1])
+        with conns["cdc_twin_a"].cursor() as cur:
+            cur.execute("CREATE VIEW twin_view AS SELECT id, qty FROM twin")
+        sync = make_sync(include=("cdc_twin_*.twin*",))
+        assert set(sync.tables) == {("cdc_twin_a", "twin"), ("cdc_twin_b", "twin")}  # not the view
+        (error,) = sync.errors
+        assert (
+            "cdc_twin_a.twin already syncs to lakehouse.dim_db.twin" in error and "cdc_twin_b.twin" in error
+        )
+        recreate_source(conns["cdc_twin_c"], "twin")  # a third, while the job runs
+        with conns["cdc_twin_c"].cursor() as cur:
+            cur.execute("CREATE VIEW twin_view2 AS SELECT id FROM twin")
+        conns["cdc_twin_c"].commit()
+        catch_up(sync)
+        assert len(sync.errors) == 2 and any(
+            "cdc_twin_c.twin" in e and "already syncs" in e for e in sync.errors
+        )
+        assert ("cdc_twin_c", "twin_view2") not in sync.tables
+        assert iceberg_rows(spark, "lakehouse.dim_db.twin", COLUMNS) == mysql_rows(
+            conns["cdc_twin_a"], "cdc_twin_a.twin", COLUMNS
+        )
+    finally:
+        for schema, conn in conns.items():
+            conn.close()
+            local_stack.mariadb.admin_sql(f"DROP DATABASE IF EXISTS {schema}")

@@ -133,3 +133,46 @@ def test_exit_codes(statuses, code) -> None:
     total = metric_data(results)[0]
     assert total["Dimensions"] == [{"Name": "Job", "Value": "verify"}]
     assert total["Value"] == (1.0 if "mismatch" in statuses else 0.0)
+
+
+def test_verify_cannot_run_exit_2_when_mysql_is_down_and_notes_a_dropped_source(spark, lake_config) -> None:
+    """MySQL unreachable: every dimension check "cannot run" and the verdict is exit 2, never a match.
+    A source table that is gone (dropped) is a note, not a failure (the lake keeps its rows on purpose)."""
+    import socket
+    from dataclasses import replace
+
+    from jobs.cdc.target_table import DROPPED_PROPERTY, SOURCE_PROPERTY
+    from jobs.verify.__main__ import verify_dimensions
+    from jobs.verify.findings import CANNOT_RUN, OK
+
+    probe = "lakehouse.dim_db.verify_probe_gone"
+    spark.sql(f"DROP TABLE IF EXISTS {probe}")
+    spark.sql(
+        f"CREATE TABLE {probe} (id STRING) USING iceberg TBLPROPERTIES "
+        f"('{SOURCE_PROPERTY}'='user_db.verify_probe_gone', '{DROPPED_PROPERTY}'='at mysql-bin.000009:4')"
+    )
+    from jobs.cdc.binlog_reader import BinlogPosition
+    from jobs.cdc.target_table import POSITION_KEY
+    from jobs.common.snapshot_progress import writer_options
+
+    position = {POSITION_KEY: BinlogPosition("mysql-bin.000009", 4).to_json()}
+    spark.createDataFrame([("kept",)], "id string").writeTo(probe).options(
+        **writer_options(position)
+    ).append()
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        closed = unused.getsockname()[1]
+    try:
+        down = replace(lake_config, mysql=replace(lake_config.mysql, port=closed))
+        (result,) = verify_dimensions(spark, down, ["dim_db.verify_probe_gone"], server_id=5990)
+        assert result.status == CANNOT_RUN and result.error.startswith("MySQL unreachable")
+        assert exit_code([result]) == 2
+        (noted,) = verify_dimensions(spark, lake_config, ["dim_db.verify_probe_gone"], server_id=5991)
+        assert noted.status == OK and noted.compared == 0, noted
+        assert noted.notes == [
+            "not compared: the source table user_db.verify_probe_gone was dropped at mysql-bin.000009:4; "
+            "the lake table keeps its rows "
+            "(`lakehouse run cdc --drop-orphaned dim_db.verify_probe_gone` removes it)"
+        ]
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {probe}")
