@@ -291,7 +291,7 @@ def preflight(env_name: str, region: str | None, profile: str | None, pin_azs: b
     results, azs = checks.run_checks(session, env_name, config, bucket, warehouse)
     if pin_azs and len(azs) == config.network.max_azs:
         checks.pin_azs(Path("cdk.context.json"), account, session.region_name, azs)
-    reader = checks.caller_role_arn(session) if pin_azs and env_name == "dev" else None
+    reader, not_pinned = checks.caller_role_arn(session) if pin_azs and env_name == "dev" else (None, "")
     if reader:
         checks.pin_lake_reader(Path("cdk.context.json"), reader)
     if as_json:
@@ -310,8 +310,9 @@ def preflight(env_name: str, region: str | None, profile: str | None, pin_azs: b
         if reader:
             out.print(f"pinned {reader} as a dev lake reader: Athena queries run as you")
         elif pin_azs and env_name == "dev":
-            out.print("you are not an IAM role: Athena reads the tables as the caller, and the warehouse "
-                      "bucket lets only roles named in lake_readers read (docs/security.md)")  # fmt: skip
+            out.print(f"not pinned as a lake reader: {not_pinned}. Athena reads the tables as the caller, "
+                      "and the warehouse bucket lets only roles named in lake_readers read: add your role's "
+                      "ARN (with its path) to lake_readers in cdk.json (docs/security.md)")  # fmt: skip
     if not all(check.ok for check in results):
         sys.exit(1)
 

@@ -260,7 +260,7 @@ def test_the_dev_preflight_pins_the_caller_s_role_with_its_path_as_a_lake_reader
         aws_secret_access_key=credentials["SecretAccessKey"],
         aws_session_token=credentials["SessionToken"],
     )
-    arn = preflight.caller_role_arn(session)
+    arn, _ = preflight.caller_role_arn(session)
     assert arn == "arn:aws:iam::123456789012:role/team/Admin"  # the role with its path, not the session
     context = tmp_path / "cdk.context.json"
     context.write_text(json.dumps({"other": 1}))
@@ -268,4 +268,4 @@ def test_the_dev_preflight_pins_the_caller_s_role_with_its_path_as_a_lake_reader
     preflight.pin_lake_reader(context, arn)  # again: once
     assert json.loads(context.read_text()) == {"other": 1, DEV_LAKE_READERS_CONTEXT_KEY: [arn]}
     # moto's default caller is an IAM user: no role, nothing to pin
-    assert preflight.caller_role_arn(boto3.Session(region_name=REGION)) is None
+    assert preflight.caller_role_arn(boto3.Session(region_name=REGION)) == (None, "you are not an IAM role")

@@ -774,9 +774,11 @@ def test_referential_actions_are_read_from_show_create_table() -> None:
     ]
 
 
-def test_cascade_seeds_are_the_old_referenced_values_of_deleted_or_re_keyed_parents() -> None:
-    from jobs.cdc.change_batch import DELETE, UPSERT, RowChange
-    from jobs.cdc.foreign_keys import ForeignKey, cascade_seeds, unfollowed_parents
+def test_cascade_values_are_the_old_and_new_referenced_values_of_deleted_or_re_keyed_parents() -> None:
+    from datetime import datetime
+
+    from jobs.cdc.change_batch import DELETE, UPSERT, RowChange, row_changes
+    from jobs.cdc.foreign_keys import ForeignKey, cascade_values, key_text, unfollowed_parents
 
     fk = ForeignKey("f", ("db", "c"), ("p",), ("db", "p"), ("id",), "CASCADE", "CASCADE")
     changes = [
@@ -785,8 +787,16 @@ def test_cascade_seeds_are_the_old_referenced_values_of_deleted_or_re_keyed_pare
         RowChange(UPSERT, (3,), {"id": 3}),  # an insert
         RowChange(DELETE, (None,), {"id": None}),  # a NULL references nothing
     ]
-    assert cascade_seeds(fk, changes) == {(1,)}
+    assert cascade_values(fk, changes) == ({(1,)}, set())
     restrict = ForeignKey("f", ("db", "c"), ("p",), ("db", "p"), ("id",), "RESTRICT", "RESTRICT")
-    assert cascade_seeds(restrict, changes) == set()
+    assert cascade_values(restrict, changes) == (set(), set())
+    # a primary-key update: a delete of the old key and an upsert carrying both images
+    moved = row_changes("update", [{"before_values": {"id": 3}, "after_values": {"id": 60}}], ("id",))
+    assert cascade_values(fk, moved) == ({(3,)}, {(60,)})
+    set_null = ForeignKey("f", ("db", "c"), ("p",), ("db", "p"), ("id",), "SET NULL", "SET NULL")
+    assert cascade_values(set_null, moved) == ({(3,)}, set())  # SET NULL moves nothing anywhere
+    # keys compare alike from Spark (bytearray, local time) and from PyMySQL or the binlog (bytes, UTC)
+    assert key_text({"k": bytearray(b"\x01")}, ("k",), lake=True) == key_text({"K": b"\x01"}, ("k",))
+    assert key_text({"k": datetime(2026, 1, 2, 3, 4, 5)}, ("k",)) == ("2026-01-02T03:04:05",)
     assert unfollowed_parents([fk, restrict], {("db", "c")}) == {("db", "c"): fk}
     assert unfollowed_parents([fk], {("db", "c"), ("db", "p")}) == {}

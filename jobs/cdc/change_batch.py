@@ -36,7 +36,7 @@ def row_changes(kind: str, rows: list[dict], key_columns: tuple[str, ...]) -> li
             before, after = row["before_values"], row["after_values"]
             old_key = tuple(before[c] for c in key_columns)
             new_key = tuple(after[c] for c in key_columns)
-            if old_key != new_key:
+            if old_key != new_key:  # the upsert keeps the before-image too (cascades read old and new)
                 out.append(RowChange(DELETE, old_key, before))
             out.append(RowChange(UPSERT, new_key, after, before))
     return out

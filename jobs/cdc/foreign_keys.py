@@ -108,28 +108,73 @@ def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def _values(row: dict, columns: tuple[str, ...]) -> tuple | None:
+def referenced(row: dict, columns: tuple[str, ...]) -> tuple | None:
+    """The row's values of `columns` (any letter case), or None when one is NULL (it references nothing)."""
     lowered = {k.lower(): v for k, v in row.items()}
     values = tuple(lowered.get(c.lower()) for c in columns)
-    return None if any(v is None for v in values) else values  # a NULL references nothing
+    return None if any(v is None for v in values) else values
 
 
-def cascade_seeds(fk: ForeignKey, parent_changes: Iterable[RowChange]) -> set[tuple]:
-    """The referenced values whose child rows the source changed without row events: the old values
-    of parent rows deleted (ON DELETE CASCADE / SET NULL) or whose referenced columns changed (ON
-    UPDATE CASCADE / SET NULL; a primary-key update arrives as a delete of the old key)."""
-    seeds = set()
+def cascade_values(fk: ForeignKey, parent_changes: Iterable[RowChange]) -> tuple[set[tuple], set[tuple]]:
+    """(old, new) referenced values: the child rows under `old` were changed by the source without row
+    events (parents deleted, or whose referenced columns changed: ON DELETE / ON UPDATE CASCADE or SET
+    NULL), and ON UPDATE CASCADE moved them under `new` (which a child key holding the foreign key
+    follows). A primary-key update arrives as a delete of the old key and an upsert carrying both."""
+    old, new = set(), set()
     for change in parent_changes:
         if change.op == DELETE:
-            if fk.on_delete in CASCADING or fk.on_update in CASCADING:  # a key update is a delete + insert
-                value = _values(change.row, fk.parent_columns)
+            if fk.on_delete in CASCADING or fk.on_update in CASCADING:
+                value = referenced(change.row, fk.parent_columns)
                 if value is not None:
-                    seeds.add(value)
+                    old.add(value)
         elif change.before is not None and fk.on_update in CASCADING:
-            old, new = _values(change.before, fk.parent_columns), _values(change.row, fk.parent_columns)
-            if old is not None and old != new:
-                seeds.add(old)
-    return seeds
+            before, after = (
+                referenced(change.before, fk.parent_columns),
+                referenced(change.row, fk.parent_columns),
+            )
+            if before is not None and before != after:
+                old.add(before)
+                if after is not None and fk.on_update == "CASCADE":
+                    new.add(after)
+    return old, new
+
+
+def as_binlog_values(row: dict) -> dict:
+    """A row collected from Spark with values as the binlog gives them: bytes, not bytearray, and
+    timestamps as UTC wall time (PySpark hands them over in the process's local time)."""
+    from datetime import UTC, datetime
+
+    def value(v):
+        if isinstance(v, bytearray):
+            return bytes(v)
+        if isinstance(v, datetime) and v.tzinfo is None:
+            return v.astimezone(UTC).replace(tzinfo=None)
+        return v
+
+    return {k: value(v) for k, v in row.items()}
+
+
+def key_text(row: dict, key: tuple[str, ...], lake: bool = False) -> tuple[str, ...]:
+    """A primary key as text that compares alike from the lake (Spark), the binlog and the source
+    (PyMySQL): bytes as hex, timestamps as UTC wall time (PySpark hands them over in local time)."""
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    def text(value) -> str:
+        if isinstance(value, bytes | bytearray | memoryview):
+            return "x" + bytes(value).hex()
+        if isinstance(value, datetime):
+            if value.tzinfo is None and lake:
+                value = value.astimezone(UTC)
+            return (
+                value.astimezone(UTC).replace(tzinfo=None).isoformat() if value.tzinfo else value.isoformat()
+            )
+        if isinstance(value, Decimal):
+            return str(value.normalize())
+        return str(value)
+
+    lowered = {k.lower(): v for k, v in row.items()}
+    return tuple(text(lowered.get(k.lower())) for k in key)
 
 
 def unfollowed_parents(keys: list[ForeignKey], followed: set[tuple[str, str]]) -> dict[tuple, ForeignKey]:

@@ -157,26 +157,39 @@ def list_tables(conn: pymysql.Connection, schemas: tuple[str, ...] | None) -> li
 def rows_by_key(
     connect, schema: str, name: str, key: tuple[str, ...], keys: list[tuple], chunk: int = 500
 ) -> dict[tuple[str, ...], dict]:
-    """The source's rows of these primary keys now, by key (each value as text, so the lake's values
+    """The source's rows of these primary keys now, by `foreign_keys.key_text` (so the lake's values
     and the source's compare whatever their Python types)."""
-    quote = lambda ident: "`" + ident.replace("`", "``") + "`"  # noqa: E731
+    return _rows_in(connect, schema, name, key, key, keys, chunk)
+
+
+def rows_where(
+    connect, schema: str, name: str, key: tuple[str, ...], columns: tuple[str, ...], values: list[tuple]
+) -> dict[tuple[str, ...], dict]:
+    """The source's rows whose `columns` hold one of `values` now, by their primary key's text."""
+    return _rows_in(connect, schema, name, key, columns, values, 500)
+
+
+def _rows_in(connect, schema, name, key, columns, values, chunk) -> dict[tuple[str, ...], dict]:
+    from jobs.cdc.foreign_keys import key_text
+
+    if not values:
+        return {}
     found: dict[tuple[str, ...], dict] = {}
     conn = connect()
     try:
         with conn.cursor() as cur:
-            for start in range(0, len(keys), chunk):
-                part = keys[start : start + chunk]
-                row = "(" + ", ".join(["%s"] * len(key)) + ")"
+            for start in range(0, len(values), chunk):
+                part = values[start : start + chunk]
+                row = "(" + ", ".join(["%s"] * len(columns)) + ")"
                 cur.execute(
-                    f"SELECT * FROM {quote(schema)}.{quote(name)} WHERE ({', '.join(map(quote, key))}) IN "
-                    f"({', '.join([row] * len(part))})",
-                    [value for values in part for value in values],
+                    f"SELECT * FROM {_quoted(schema)}.{_quoted(name)} WHERE "
+                    f"({', '.join(map(_quoted, columns))}) IN ({', '.join([row] * len(part))})",
+                    [value for tuple_ in part for value in tuple_],
                 )
                 names = [d[0] for d in cur.description]
-                for values in cur.fetchall():
-                    record = dict(zip(names, values, strict=True))
-                    found[tuple(str(record[k]) for k in key)] = record
-        conn.commit()
+                for record in cur.fetchall():
+                    as_dict = dict(zip(names, record, strict=True))
+                    found[key_text(as_dict, key)] = as_dict
     finally:
         conn.close()
     return found

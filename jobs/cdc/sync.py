@@ -509,19 +509,22 @@ class CdcSync(StreamingJob):
 
     def _apply(self, transactions: list[Transaction], report: BatchReport) -> None:
         end = transactions[-1].end
-        applied: dict[tuple[str, str], list[RowChange]] = {}
+        own: dict[tuple[str, str], list[RowChange]] = {}
         for source_key, state in self.tables.items():
-            if not state.live:
+            if state.live:
+                own[source_key] = [
+                    change
+                    for tx in transactions
+                    if tx.end.order > state.position.order
+                    for change in tx.changes.get(source_key, ())
+                ]
+        # What the parents' changes cascaded to in the source goes into the child's own MERGE, after its
+        # own changes: the child's position moves past a parent's change only with its cascade.
+        cascaded = self._cascades(transactions, own, end) if self.foreign_keys else {}
+        for source_key, state in self.tables.items():
+            changes = own.get(source_key, []) + cascaded.get(source_key, [])
+            if not state.live or not changes:
                 continue
-            changes = [
-                change
-                for tx in transactions
-                if tx.end.order > state.position.order
-                for change in tx.changes.get(source_key, ())
-            ]
-            if not changes:
-                continue
-            applied[source_key] = changes
             latest = [state.row_for_lake(change) for change in last_change_per_key(changes)]
             began = time.monotonic()
             apply_changes.apply_changes(
@@ -534,7 +537,6 @@ class CdcSync(StreamingJob):
             state.position = end
             if self.on_commit is not None:
                 self.on_commit(state.spec.target, latest, committed)
-        self._cascade(applied, end, report)
         report.position = end
         report.lag_seconds = max(0.0, time.time() - transactions[-1].timestamp)
 
@@ -564,57 +566,70 @@ class CdcSync(StreamingJob):
                     f"{'.'.join(child)}",
                 )
 
-    def _cascade(self, applied: dict[tuple[str, str], list[RowChange]], end: BinlogPosition, report) -> None:
-        """Apply what the parents' changes of this batch cascaded to in the source (no row events):
-        the child rows under the old referenced values, read again from the source by their keys;
-        then their own children, until nothing more changes (InnoDB stops at 15 levels)."""
-        pending, seen = applied, set()
+    def _cascades(
+        self,
+        transactions: list[Transaction],
+        own: dict[tuple[str, str], list[RowChange]],
+        end: BinlogPosition,
+    ) -> dict[tuple[str, str], list[RowChange]]:
+        """Per child table, the rows its parents' changes cascaded to in the source (no row events),
+        as the source has them now; then their own children, until nothing more changes (InnoDB stops
+        at 15 levels). A child's seeds are its parents' changes after the *child's* position, so a
+        cascade a crash cut off is found again from the binlog on restart."""
+        cascaded: dict[tuple[str, str], list[RowChange]] = {}
+        seen: set[tuple] = set()
+        upstream: dict[tuple[str, str], list[RowChange]] | None = None  # None: the binlog's changes
         for _ in range(16):
             found: dict[tuple[str, str], list[RowChange]] = {}
             for fk in self.foreign_keys:
                 child = self.tables.get(fk.child)
-                if not fk.cascades or fk.parent not in pending or child is None or not child.live:
+                if not fk.cascades or child is None or not child.live or child.position.order >= end.order:
+                    continue  # a child already past this batch (a fresh snapshot) holds the cascade
+                if upstream is None:
+                    parent_changes = [c for tx in transactions if tx.end.order > child.position.order
+                                      for c in tx.changes.get(fk.parent, ())]  # fmt: skip
+                else:
+                    parent_changes = upstream.get(fk.parent, [])
+                old, new = foreign_keys.cascade_values(fk, parent_changes)
+                if not old and not new:
                     continue
-                values = foreign_keys.cascade_seeds(fk, pending[fk.parent])
-                if not values:
-                    continue
+                in_batch = own.get(fk.child, []) + cascaded.get(fk.child, [])
                 changes = [
-                    child.row_for_lake(c)
-                    for c in self._children_now(child, fk, values)
+                    c
+                    for c in self._children_now(child, fk, old, new, in_batch)
                     if (fk.child, c.key) not in seen
                 ]
                 if not changes:
                     continue
                 seen.update((fk.child, c.key) for c in changes)
-                began = time.monotonic()
-                apply_changes.apply_changes(
-                    self.spark, child.spec.target, child.columns, child.key, changes, child.position, end
-                )
-                report.commit_ms += (time.monotonic() - began) * 1000
-                short = child.spec.target.split(".", 1)[-1]
-                report.changes[short] = report.changes.get(short, 0) + len(changes)
-                child.position, child.last_commit = end, time.monotonic()
-                if self.on_commit is not None:
-                    self.on_commit(child.spec.target, changes, time.time())
+                cascaded.setdefault(fk.child, []).extend(changes)
+                found.setdefault(fk.child, []).extend(changes)
                 log.info("%s: %d rows as %s cascaded them (%s)", child.spec.target, len(changes),
                          ".".join(fk.parent), fk.name)  # fmt: skip
-                found.setdefault(fk.child, []).extend(changes)
             if not found:
-                return
-            pending = found
+                return cascaded
+            upstream = found
+        return cascaded
 
     def _children_now(
-        self, child: TableState, fk: foreign_keys.ForeignKey, values: set[tuple]
+        self,
+        child: TableState,
+        fk: foreign_keys.ForeignKey,
+        old: set[tuple],
+        new: set[tuple],
+        in_batch: list[RowChange],
     ) -> list[RowChange]:
-        """The lake's child rows referencing `values`, each as the source has it now: an upsert of the
-        source's row (before: the lake's), or a delete when the source no longer has the key."""
+        """The child rows under the parents' old referenced values (in the lake, or changed in this
+        batch), each as the source has it now (an upsert; a delete when the source no longer has the
+        key), and the source's child rows under the new values (ON UPDATE CASCADE moved them there, a
+        key that includes the foreign key too)."""
         from functools import reduce
 
         from pyspark.sql import functions as F
 
         columns = [F.col(apply_changes._quote(c)) for c in fk.child_columns]
-        ordered = sorted(values, key=repr)
-        lake_rows = []
+        candidates: dict[tuple, dict] = {}  # key text -> the row as the lake (or this batch) has it
+        ordered = sorted(old, key=repr)
         for start in range(0, len(ordered), 500):
             chunk = ordered[start : start + 500]
             if len(columns) == 1:
@@ -623,19 +638,30 @@ class CdcSync(StreamingJob):
                 terms = [reduce(lambda a, b: a & b, (c == F.lit(x) for c, x in zip(columns, v, strict=True)))
                          for v in chunk]  # fmt: skip
                 condition = reduce(lambda a, b: a | b, terms)
-            lake_rows += [r.asDict() for r in self.spark.table(child.spec.target).where(condition).collect()]
-        if not lake_rows:
-            return []
-        keys = [tuple(row[k] for k in child.key) for row in lake_rows]
+            for row in self.spark.table(child.spec.target).where(condition).collect():
+                values = foreign_keys.as_binlog_values(row.asDict())
+                candidates[foreign_keys.key_text(values, child.key)] = values
+        for change in in_batch:  # inserted or moved under an old value in this same batch
+            if change.op != DELETE and foreign_keys.referenced(change.row, fk.child_columns) in old:
+                candidates[foreign_keys.key_text(change.row, child.key)] = change.row
         now = source_db.rows_by_key(
-            self._connect, child.spec.source_schema, child.spec.source_name, child.key, keys
-        )
+            self._connect, child.spec.source_schema, child.spec.source_name, child.key,
+            [tuple(row[k] for k in child.key) for row in candidates.values()],
+        )  # fmt: skip
+        if new:
+            now.update(source_db.rows_where(
+                self._connect, child.spec.source_schema, child.spec.source_name, child.key,
+                fk.child_columns, sorted(new, key=repr),
+            ))  # fmt: skip
         changes = []
-        for row, key in zip(lake_rows, keys, strict=True):
-            current = now.get(tuple(str(v) for v in key))
+        for text, row in candidates.items():
+            key = tuple(row[k] for k in child.key)
+            current = now.pop(text, None)
             changes.append(
                 RowChange(UPSERT, key, current, before=row) if current else RowChange(DELETE, key, row)
             )
+        for current in now.values():  # moved under a new value, the key with it
+            changes.append(RowChange(UPSERT, tuple(current[k] for k in child.key), current))
         return changes
 
     def _commit_progress(self, position: BinlogPosition) -> None:
@@ -660,10 +686,8 @@ class CdcSync(StreamingJob):
 
     def _apply_ddl(self, ddl: DdlEvent) -> None:
         statement = " ".join(ddl.change.statement.split())
-        try:
-            self._apply_table_ddl(ddl, statement)
-        finally:  # a FOREIGN KEY added or dropped, a table created or dropped: cascades change
-            self._refresh_foreign_keys()
+        self._apply_table_ddl(ddl, statement)
+        self._refresh_foreign_keys()  # a FOREIGN KEY added or dropped, a table created or dropped
 
     def _apply_table_ddl(self, ddl: DdlEvent, statement: str) -> None:
         for source_key in ddl.tables:
@@ -748,7 +772,16 @@ class CdcSync(StreamingJob):
 
     def _created_again(self, state: TableState, statement: str) -> None:
         """A dropped table's name is taken again: its rows are another table's. Synced anew only on
-        request, so the kept rows are never replaced by surprise."""
+        request, so the kept rows are never replaced by surprise. A CREATE replayed from before the DROP
+        (a restart reads from the oldest table's position) finds no table in the source: nothing."""
+        conn = self._connect()
+        try:
+            exists = source_db.table_exists(conn, *state.spec.source_key)
+        finally:
+            conn.close()
+        if not exists:
+            log.info("%s: `%s` replayed; the table it made was dropped since", state.spec.target, statement)
+            return
         if state.error is None:
             self._stop_table(
                 state,
@@ -852,6 +885,8 @@ class CdcSync(StreamingJob):
         finally:
             conn.close()
         state.columns = target_table.target_columns(self.spark, state.spec.target)
+        state.unsynced = frozenset()  # the snapshot filled every column the source has
+        target_table.clear_marks(self.spark, state.spec.target)
         state.last_commit = time.monotonic()
         log.info("%s: re-snapshotted (%s)", state.spec.target, why)
 

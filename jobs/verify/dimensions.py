@@ -170,14 +170,16 @@ def check_dimension(
         try:
             source = source_db.describe_table(conn, *source_name)
         except source_db.MissingTable:
-            # Not a failure: the lake keeps a dropped table's rows on purpose (jobs/cdc/README.md).
+            # A table CDC saw dropped is not a failure: the lake keeps its rows on purpose.
             dropped = target_table.source_dropped(spark, target)
+            if dropped is None:  # renamed, a wrong source database, or a DROP CDC has not read yet
+                raise CannotCompare(
+                    f"the source table {qualified} does not exist (dropped, renamed?) and CDC has not marked "
+                    "the lake table dropped: run CDC, or check the source database"
+                ) from None
             result.notes.append(
                 f"not compared: the source table {qualified} was dropped {dropped}; the lake table keeps its "
                 f"rows (`lakehouse run cdc --drop-orphaned {result.table}` removes it)"
-                if dropped
-                else f"not compared: the source table {qualified} does not exist (dropped or renamed); CDC "
-                "marks the lake table when it reads the DROP"
             )
             return result
         except source_db.NoPrimaryKey:

@@ -249,18 +249,27 @@ def pin_azs(context_file: Path, account: str, region: str, names: list[str]) -> 
     context_file.write_text(json.dumps(context, indent=2, sort_keys=True) + "\n")
 
 
-def caller_role_arn(session) -> str | None:
-    """The caller's role ARN as a bucket policy sees it (aws:PrincipalArn: the role, with its path,
-    never the session), or None when the caller is not a role (an IAM user)."""
+def caller_role_arn(session) -> tuple[str | None, str]:
+    """(the caller's role ARN as a bucket policy sees it, or None; why not). aws:PrincipalArn is the
+    role with its path, never the session: an ARN without the path would never match a role that has
+    one (IAM Identity Center's live under /aws-reserved/sso.amazonaws.com/)."""
     arn = session.client("sts").get_caller_identity()["Arn"]
-    partition, account = arn.split(":")[1], arn.split(":")[4]
     if ":assumed-role/" not in arn:
-        return arn if ":role/" in arn else None
+        return (arn, "") if ":role/" in arn else (None, "you are not an IAM role")
     name = arn.split(":assumed-role/", 1)[1].split("/", 1)[0]
+    iam = session.client("iam")
     try:
-        return session.client("iam").get_role(RoleName=name)["Role"]["Arn"]  # with the role's path
+        return iam.get_role(RoleName=name)["Role"]["Arn"], ""  # with the role's path
     except (ClientError, BotoCoreError):
-        return f"arn:{partition}:iam::{account}:role/{name}"  # a role without a path, most likely
+        pass
+    try:  # GetRole denied (PowerUserAccess): ListRoles is allowed there
+        for page in iam.get_paginator("list_roles").paginate():
+            for role in page["Roles"]:
+                if role["RoleName"] == name:
+                    return role["Arn"], ""
+    except (ClientError, BotoCoreError):
+        pass
+    return None, f"could not read the path of your role {name} (iam:GetRole and iam:ListRoles denied)"
 
 
 def pin_lake_reader(context_file: Path, role_arn: str) -> None:
