@@ -104,6 +104,10 @@ def test_column_changes_are_classified() -> None:
         # MariaDB deletes the rows that duplicate the new key inside the DDL, with no row events
         "ALTER IGNORE TABLE products ADD UNIQUE (name)",
         "ALTER IGNORE TABLE products ADD CONSTRAINT u UNIQUE KEY (name)",
+        "ALTER IGNORE TABLE products ADD CONSTRAINT UNIQUE (name)",
+        "ALTER IGNORE TABLE products ADD CONSTRAINT `a name` UNIQUE (name)",
+        "ALTER IGNORE TABLE products MODIFY name VARCHAR(20) UNIQUE",
+        "ALTER IGNORE TABLE products ADD COLUMN code INT UNIQUE",
     ],
 )
 def test_other_ddl_is_unsupported(statement: str) -> None:

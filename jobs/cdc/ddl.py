@@ -35,7 +35,11 @@ _DROP_PRIMARY_INDEX = re.compile(rf"^DROP\s+INDEX\s+(?:`PRIMARY`|PRIMARY)\s+ON\s
 _DROPS_PRIMARY_INDEX = re.compile(r"^DROP\s+(?:INDEX|KEY)\s+(?:`PRIMARY`|PRIMARY)\s*$", re.I)
 # ALTER IGNORE ... ADD UNIQUE / PRIMARY KEY (MariaDB) deletes the rows that duplicate a key, and the
 # binlog shows no row event for them.
-_ADDS_UNIQUE = re.compile(r"^ADD\s+(?:CONSTRAINT\s+\S+\s+)?(?:UNIQUE|PRIMARY)\b", re.I)
+_ADDS_UNIQUE = re.compile(
+    r"^(?:ADD\s+(?:CONSTRAINT\s+(?:(?!UNIQUE\b|PRIMARY\b)(?:`(?:[^`]|``)+`|\S+)\s+)?)?(?:UNIQUE|PRIMARY)\b"
+    r"|(?:MODIFY|CHANGE|ADD)\b.*\b(?:UNIQUE|PRIMARY\s+KEY)\b)",
+    re.I | re.S,
+)
 _OTHER = [
     re.compile(r"^(DROP)\s+TABLE\s+(?:IF\s+EXISTS\s+)?(.*)$", re.I | re.S),
     re.compile(r"^(RENAME)\s+TABLES?\s+(.*)$", re.I | re.S),
