@@ -19,6 +19,7 @@ from collections import Counter
 import pymysql
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from test_cdc_sync import iceberg_rows, mysql_rows
 
 TABLES = ("fz_parent", "fz_child", "fz_orphan", "fz_plain")
 DDL = {
@@ -37,18 +38,11 @@ _server_ids = itertools.count(5600)
 
 
 def source_rows(conn: pymysql.Connection, table: str) -> tuple[list[str], Counter]:
+    """The source table's columns now, and its rows as a multiset (test_cdc_sync.mysql_rows)."""
     with conn.cursor() as cur:
         cur.execute(f"SELECT * FROM {table} LIMIT 0")
         columns = [d[0] for d in cur.description]
-        cur.execute(f"SELECT {', '.join(f'CAST(`{c}` AS CHAR)' for c in columns)} FROM {table}")
-        rows = Counter(tuple(r) for r in cur.fetchall())
-    conn.commit()
-    return columns, rows
-
-
-def lake_rows(spark, table: str, columns: list[str]) -> Counter:
-    cols = ", ".join(f"CAST(`{c}` AS STRING)" for c in columns)
-    return Counter(tuple(r) for r in spark.sql(f"SELECT {cols} FROM lakehouse.dim_db.{table}").collect())
+    return columns, mysql_rows(conn, f"user_db.{table}", columns)
 
 
 def cdc_machine(spark, lake_config, connect_app, catch_up, make_sync):
@@ -185,7 +179,7 @@ def cdc_machine(spark, lake_config, connect_app, catch_up, make_sync):
                     assert "--resync" in state.error and "\n" not in state.error, state.error
                     continue
                 columns, expected = source_rows(self.conn, name)
-                actual = lake_rows(spark, name, columns)
+                actual = iceberg_rows(spark, f"lakehouse.dim_db.{name}", columns)
                 assert actual == expected, (
                     f"{name} differs from its source silently: only in the source "
                     f"{sorted(expected - actual)[:3]}, only in the lake {sorted(actual - expected)[:3]}; "

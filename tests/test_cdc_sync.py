@@ -213,6 +213,19 @@ def make_sync(spark, lake_config):
         sync.close()
 
 
+def fresh_source_database(local_stack, name: str) -> None:
+    """A source database of the test's own (empty), which the app user writes and CDC reads."""
+    from lakehouse.local.mariadb import APP_USER, CDC_USER
+
+    for sql in (
+        f"DROP DATABASE IF EXISTS {name}",
+        f"CREATE DATABASE {name}",
+        f"GRANT ALL PRIVILEGES ON {name}.* TO '{APP_USER}'@'127.0.0.1'",
+        f"GRANT SELECT ON {name}.* TO '{CDC_USER}'@'127.0.0.1'",
+    ):
+        local_stack.mariadb.admin_sql(sql)
+
+
 def fresh_test_table(spark, conn, name: str) -> str:
     recreate_source(conn, name)
     spark.sql(f"DROP TABLE IF EXISTS lakehouse.dim_db.{name}")
@@ -1411,16 +1424,10 @@ def test_drop_database_marks_every_table_of_it_and_a_reload_waits_for_resync(
 ) -> None:
     """A reset script (DROP DATABASE, CREATE DATABASE, the tables again, new rows): the deleted rows
     used to stay in the lake for good with the new ones merged on top."""
-    from lakehouse.local.mariadb import APP_USER, CDC_USER
+    from lakehouse.local.mariadb import APP_USER
 
     db = "cdc_reload"
-    for sql in (
-        f"DROP DATABASE IF EXISTS {db}",
-        f"CREATE DATABASE {db}",
-        f"GRANT ALL PRIVILEGES ON {db}.* TO '{APP_USER}'@'127.0.0.1'",
-        f"GRANT SELECT ON {db}.* TO '{CDC_USER}'@'127.0.0.1'",
-    ):
-        local_stack.mariadb.admin_sql(sql)
+    fresh_source_database(local_stack, db)
     conn = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"], database=db)
     names = ["reload_a", "reload_b"]
     for name in names:
@@ -2353,17 +2360,11 @@ def test_two_sources_onto_one_target_stop_the_second_and_views_are_never_synced(
     """Two schemas' tables of one name land on one target under a pattern: the second gets an error of
     its own (the first goes on), at start and when created while the job runs. A view, even one the
     pattern matches, is not a table to sync."""
-    from lakehouse.local.mariadb import APP_USER, CDC_USER
+    from lakehouse.local.mariadb import APP_USER
 
     schemas = ("cdc_twin_a", "cdc_twin_b", "cdc_twin_c")
     for schema in schemas:
-        for sql in (
-            f"DROP DATABASE IF EXISTS {schema}",
-            f"CREATE DATABASE {schema}",
-            f"GRANT ALL PRIVILEGES ON {schema}.* TO '{APP_USER}'@'127.0.0.1'",
-            f"GRANT SELECT ON {schema}.* TO '{CDC_USER}'@'127.0.0.1'",
-        ):
-            local_stack.mariadb.admin_sql(sql)
+        fresh_source_database(local_stack, schema)
     spark.sql("DROP TABLE IF EXISTS lakehouse.dim_db.twin")
     conns = {
         s: local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"], database=s) for s in schemas

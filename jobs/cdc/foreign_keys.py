@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from jobs.cdc import source_db
 from jobs.cdc.change_batch import DELETE, RowChange
 
 CASCADING = frozenset({"CASCADE", "SET NULL"})
@@ -73,7 +74,7 @@ def read_foreign_keys(conn, schemas: Iterable[str]) -> list[ForeignKey]:
             grouped.setdefault((schema, table, name, ref_schema, ref_table), []).append((column, ref_column))
         rules: dict[tuple[str, str, str], tuple[str, str]] = {}
         for schema, table in sorted({(k[0], k[1]) for k in grouped}):
-            cur.execute(f"SHOW CREATE TABLE {_quote(schema)}.{_quote(table)}")
+            cur.execute(f"SHOW CREATE TABLE {source_db._quoted(schema)}.{source_db._quoted(table)}")
             for name, on_delete, on_update in referential_actions(cur.fetchone()[1]):
                 rules[(schema, table, name)] = (on_delete, on_update)
     conn.commit()
@@ -102,10 +103,6 @@ def referential_actions(create_table: str) -> list[tuple[str, str, str]]:
             actions[what.upper()] = " ".join(rule.upper().split())
         found.append((match.group(1).replace("``", "`"), actions["DELETE"], actions["UPDATE"]))
     return found
-
-
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def referenced(row: dict, columns: tuple[str, ...]) -> tuple | None:
@@ -154,24 +151,20 @@ def as_binlog_values(row: dict) -> dict:
     return {k: value(v) for k, v in row.items()}
 
 
-def key_text(row: dict, key: tuple[str, ...], lake: bool = False) -> tuple[str, ...]:
-    """A primary key as text that compares alike from the lake (Spark), the binlog and the source
-    (PyMySQL): bytes as hex, timestamps as UTC wall time (PySpark hands them over in local time)."""
+def key_text(row: dict, key: tuple[str, ...]) -> tuple[str, ...]:
+    """A primary key as text that compares alike from the binlog, the source (PyMySQL) and a lake row
+    passed through `as_binlog_values`: bytes as hex, timestamps as UTC wall time."""
     from datetime import UTC, datetime
     from decimal import Decimal
 
     def text(value) -> str:
         if isinstance(value, bytes | bytearray | memoryview):
             return "x" + bytes(value).hex()
-        if isinstance(value, datetime):
-            if value.tzinfo is None and lake:
-                value = value.astimezone(UTC)
-            return (
-                value.astimezone(UTC).replace(tzinfo=None).isoformat() if value.tzinfo else value.isoformat()
-            )
+        if isinstance(value, datetime) and value.tzinfo is not None:
+            return value.astimezone(UTC).replace(tzinfo=None).isoformat()
         if isinstance(value, Decimal):
             return str(value.normalize())
-        return str(value)
+        return value.isoformat() if isinstance(value, datetime) else str(value)
 
     lowered = {k.lower(): v for k, v in row.items()}
     return tuple(text(lowered.get(k.lower())) for k in key)

@@ -167,6 +167,10 @@ def target_of(templates: Templates, value: Any) -> str | None:
 # ---- a small IAM policy evaluator ----------------------------------------------------------------
 
 
+class UnreadablePolicy(ValueError):
+    """A policy construct the evaluator does not model: the test fails rather than guess an answer."""
+
+
 @dataclass(frozen=True)
 class Request:
     """One call as AWS evaluates it: who (a service principal or a role ARN), what, on which ARN,
@@ -230,7 +234,7 @@ def _condition_holds(templates: Templates, condition: dict, keys: dict[str, str]
                 if value is not None and any(_POSITIVE[_NEGATED[operator]](p, value) for p in patterns):
                     return False
             else:
-                raise NotImplementedError(f"condition operator {operator} (extend aws_behaviour.py)")
+                raise UnreadablePolicy(f"condition operator {operator}")
     return True
 
 
@@ -238,7 +242,7 @@ def _principal_matches(templates: Templates, principal: Any, request: Request) -
     if principal == "*":
         return True
     if not isinstance(principal, dict):
-        raise NotImplementedError(f"principal {principal!r}")
+        raise UnreadablePolicy(f"principal {principal!r}")
     if request.service and request.service in [
         render(templates, s) for s in as_list(principal.get("Service", []))
     ]:
@@ -256,7 +260,7 @@ def _principal_matches(templates: Templates, principal: Any, request: Request) -
 
 def _statement_matches(templates: Templates, statement: dict, request: Request) -> bool:
     if "NotPrincipal" in statement or "NotResource" in statement:
-        raise NotImplementedError("NotPrincipal/NotResource (extend aws_behaviour.py)")
+        raise UnreadablePolicy("NotPrincipal/NotResource")
     if "Principal" in statement and not _principal_matches(templates, statement["Principal"], request):
         return False
     if "NotAction" in statement:
