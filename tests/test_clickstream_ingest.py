@@ -10,6 +10,7 @@ import json
 import signal
 import threading
 import time
+from collections import Counter
 from datetime import UTC, datetime
 
 import pytest
@@ -273,3 +274,74 @@ def test_broker_stopped_and_restarted_mid_run_loses_nothing(local_stack, lake_co
         job.wait(60)
     assert job.returncode == 0, "".join(seen)[-3000:]
     assert_exactly_once(case, catalog, first + second)
+
+
+def _source_products(lake_config) -> Counter:
+    """MySQL's products as a multiset of text tuples, read here rather than by the code under test."""
+    import pymysql
+
+    mysql = lake_config.mysql
+    conn = pymysql.connect(
+        host=mysql.host, port=mysql.port, user=mysql.user, password=mysql.password, database=mysql.database
+    )
+    with conn, conn.cursor() as cur:
+        cur.execute("SET time_zone = '+00:00'")
+        cur.execute(
+            "SELECT CAST(productId AS CHAR), name, description, CAST(product_price AS CHAR), "
+            "DATE_FORMAT(update_time, '%Y-%m-%d %H:%i:%s') FROM products"
+        )
+        return Counter(tuple(r) for r in cur.fetchall())
+
+
+def _lake_products(spark, table: str) -> Counter:
+    return Counter(
+        tuple(r)
+        for r in spark.sql(
+            "SELECT productId, name, description, CAST(product_price AS STRING), "
+            f"date_format(update_time, 'yyyy-MM-dd HH:mm:ss') FROM {table}"
+        ).collect()
+    )
+
+
+def test_the_ingest_creates_and_loads_the_products_dimension_cdc_never_wrote(spark, lake_config):
+    """No CDC yet: the ingest creates the dimension with CDC's schema and loads MySQL's products,
+    each once; a second start finds it written and loads nothing more."""
+    from jobs.ingest.products_dimension import ensure_products_dimension
+
+    table = "lakehouse.dim_db.products_ingest_probe"
+    spark.sql(f"DROP TABLE IF EXISTS {table}")
+    source = _source_products(lake_config)
+    assert sum(source.values()) >= 9, "the seed products are missing from MySQL"
+
+    ensure_products_dimension(spark, lake_config, table)
+    assert _lake_products(spark, table) == source
+    ensure_products_dimension(spark, lake_config, table)
+    assert _lake_products(spark, table) == source
+    assert spark.sql(f"SELECT count(*) FROM {table}.snapshots").first()[0] == 1
+
+
+def test_the_ingests_load_yields_to_a_cdc_snapshot_that_commits_first(spark, lake_config, monkeypatch):
+    """CDC's snapshot commits while the ingest reads MySQL: the ingest's serializable overwrite fails
+    validation and CDC's rows stand, once; neither doubled (an append) nor replaced (no isolation)."""
+    from jobs.ingest import products_dimension
+
+    table = "lakehouse.dim_db.products_race_probe"
+    spark.sql(f"DROP TABLE IF EXISTS {table}")
+    real_fetch = products_dimension.fetch_source_products
+
+    def fetch_while_cdc_commits(config):
+        rows = real_fetch(config)
+        # CDC's snapshot, with its own marks so a replacement by the ingest's rows shows.
+        cdc_rows = [(pid, f"cdc:{name}", desc, price, updated) for pid, name, desc, price, updated in rows]
+        spark.createDataFrame(cdc_rows, products_dimension.PRODUCTS_SCHEMA).writeTo(table).append()
+        return rows
+
+    monkeypatch.setattr(products_dimension, "fetch_source_products", fetch_while_cdc_commits)
+    products_dimension.ensure_products_dimension(spark, lake_config, table)
+
+    expected = Counter(
+        (pid, f"cdc:{name}", desc, price, updated)
+        for pid, name, desc, price, updated in _source_products(lake_config)
+    )
+    assert _lake_products(spark, table) == expected
+    assert spark.sql(f"SELECT count(*) FROM {table}.snapshots").first()[0] == 1

@@ -176,3 +176,38 @@ def test_verify_cannot_run_exit_2_when_mysql_is_down_and_notes_a_dropped_source(
         ]
     finally:
         spark.sql(f"DROP TABLE IF EXISTS {probe}")
+
+
+def test_verify_cannot_run_exit_2_when_kafka_is_down(spark, lake_config, monkeypatch) -> None:
+    """Kafka unreachable: the click check cannot tell which offsets the topic still holds, so it is
+    "cannot run" (exit 2), never a match. Control: the same table with Kafka up gets a verdict."""
+    import socket
+    from dataclasses import replace
+
+    from jobs.common import lake_tables
+    from jobs.common.snapshot_progress import writer_options
+    from jobs.verify.__main__ import run_checks
+    from jobs.verify.findings import CANNOT_RUN
+
+    fact = ("verify_probe", "clickevent_kafka_down")
+    monkeypatch.setattr(lake_tables, "FACT_TABLE", fact)
+    monkeypatch.setattr(lake_tables, "REJECTS_TABLE", ("verify_probe", "rejects_kafka_down"))
+    table = lake_config.table(*fact)
+    spark.sql("CREATE NAMESPACE IF NOT EXISTS lakehouse.verify_probe")
+    spark.sql(f"DROP TABLE IF EXISTS {table}")
+    spark.sql(f"CREATE TABLE {table} (kafka_partition INT, kafka_offset BIGINT) USING iceberg")
+    stored = {lake_tables.OFFSETS_KEY: lake_tables.offsets_summary(lake_config.kafka.topic, {0: 1})}
+    spark.createDataFrame([(0, 0)], "kafka_partition int, kafka_offset long").writeTo(table).options(
+        **writer_options(stored)
+    ).append()
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        closed = unused.getsockname()[1]
+    down = replace(lake_config, kafka=replace(lake_config.kafka, bootstrap=f"127.0.0.1:{closed}"))
+
+    (result,) = run_checks(spark, down, ["ods_behavior.clickevent"], server_id=5992)
+    assert result.status == CANNOT_RUN, result
+    assert result.error.startswith("Kafka cannot tell what the topic holds"), result.error
+    assert exit_code([result]) == 2
+    (control,) = run_checks(spark, lake_config, ["ods_behavior.clickevent"], server_id=5993)
+    assert control.status != CANNOT_RUN and control.compared == 1, control
