@@ -15,7 +15,7 @@ export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 DEMO_SECONDS ?= 120
 
-.PHONY: setup system jars jvm-archive cli scanner demo test test-fast fuzz bench synth rehearse lint package clean
+.PHONY: setup system jars jvm-archive cli scanner demo test test-fast fuzz bench synth rehearse baseline lint package clean
 
 setup: system $(STAMP) jars jvm-archive cli scanner ## Install everything (idempotent; fast when done)
 
@@ -88,6 +88,12 @@ synth: setup ## Synthesize the CDK app for dev and prod into cdk.out/<env>
 rehearse: setup
 	$(CDK) synth -q -c env=dev -o cdk.out/dev
 	$(PY) -m lakehouse.rehearsal --assembly cdk.out/dev
+
+# At release time: the release's synthesized templates become the baseline the upgrade test diffs
+# today's against (tests/infra/baselines/<commit>/; lakehouse/release.py). RELEASE=<commit> for another.
+RELEASE ?= HEAD
+baseline: setup
+	$(PY) -m lakehouse.release --commit $(RELEASE)
 
 lint: setup
 	$(VENV)/bin/ruff check lakehouse jobs infra tests bench app.py
