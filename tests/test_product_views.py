@@ -275,6 +275,25 @@ def test_a_second_views_job_that_commits_inside_the_race_window_is_rejected(spar
     assert views_rows(spark, names["views"]) == source_statistic(spark, names["clicks"])
 
 
+def test_a_views_job_that_finds_its_target_watermark_committed_by_another_job_stops(spark, names) -> None:
+    """Two jobs resume from one watermark and count the same clicks: the first commits the watermark
+    the second was about to write. The second must not take that commit for its own (it would go on
+    building on rows without that batch and lose its counts at its next commit)."""
+    for statement in fact_table_ddl(names["clicks"]):
+        spark.sql(statement)
+    append_clicks(spark, names["clicks"], 0, 50, topic="clicktopic")
+    first, second = new_views(spark, names), new_views(spark, names)
+    assert catch_up(second) == 50 * PARTITIONS  # the second holds the rows it committed
+    first.topic, first.watermark = second.topic, second.watermark  # a restart reads the same progress
+    append_clicks(spark, names["clicks"], 50, 20, topic="clicktopic")
+    assert first.run_batch() == 20 * PARTITIONS
+    with pytest.raises(ConcurrentWriterError, match="another product_views job committed"):
+        second.run_batch()
+    append_clicks(spark, names["clicks"], 70, 10, topic="clicktopic")
+    assert catch_up(first) == 10 * PARTITIONS
+    assert views_rows(spark, names["views"]) == source_statistic(spark, names["clicks"])
+
+
 def test_a_views_commit_that_landed_but_reported_failure_counts_each_click_once(spark, names, monkeypatch):
     """The job keeps the rows it committed and builds the next commit on them: a commit whose
     outcome was unknown (it landed, then reported a timeout) must neither be counted again nor leave

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,8 +34,10 @@ from jobs.common.arrow_frames import arrow_frame
 from jobs.common.lake_tables import FACT_TABLE, OFFSETS_KEY, VIEWS_TABLE, offsets_at_or_after
 from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink, guarded
 from jobs.common.snapshot_progress import (
+    COMMIT_ID_KEY,
     ConcurrentWriterError,
     exclusive_append_options,
+    find_commit,
     main_snapshot,
     progress_as_of,
     read_progress,
@@ -318,7 +321,12 @@ class ProductViews(StreamingJob):
         `delta`, in one exclusive overwrite validated from that snapshot: if anyone else committed
         data since, Iceberg rejects the commit, so a second writer can never double-count."""
         table = self.settings.views_table
-        summary = writer_options({PROGRESS_KEY: watermark_summary(topic, delta.watermark)})
+        # The commit id tells this job's own landed attempt from another job's commit of the same
+        # watermark (two jobs resuming from one point count the same clicks).
+        commit_id = uuid.uuid4().hex
+        summary = writer_options(
+            {PROGRESS_KEY: watermark_summary(topic, delta.watermark), COMMIT_ID_KEY: commit_id}
+        )
         now = datetime.now(UTC)  # one value for every attempt: an attempt that landed wrote it
 
         @retry_commit()
@@ -328,7 +336,7 @@ class ProductViews(StreamingJob):
                 progress_as_of(self.spark, table, base_snapshot, PROGRESS_KEY) if base_snapshot else None
             )
             # A commit whose outcome was unknown may have landed: then the table already holds it.
-            if stored == (topic, delta.watermark):
+            if stored == (topic, delta.watermark) and find_commit(self.spark, table, commit_id) is not None:
                 return
             if stored != (self.topic, self.watermark):
                 mine = watermark_summary(self.topic, self.watermark)
