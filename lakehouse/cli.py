@@ -317,6 +317,76 @@ def preflight(env_name: str, region: str | None, profile: str | None, pin_azs: b
         sys.exit(1)
 
 
+@aws_group.command(name="plan-upgrade")
+@aws_env_option
+@aws_region_option
+@aws_profile_option
+@click.option(
+    "--assembly",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="a synthesized cloud assembly (default: `cdk synth -c env=<env>` into cdk.out/<env>)",
+)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def plan_upgrade(
+    env_name: str, region: str | None, profile: str | None, assembly: Path | None, as_json: bool
+) -> None:
+    """Before `cdk deploy`: what this version replaces or deletes in the deployed stacks and what to
+    do first; exit 1 when a resource holding data would go."""
+    import os
+
+    from lakehouse.aws import upgrade_plan
+
+    session, account = _aws_session(region, profile)
+    repo = Path(upgrade_plan.__file__).resolve().parents[2]
+    cdk = repo / "node_modules" / ".bin" / "cdk"
+    if not cdk.exists():
+        _fail(f"the CDK CLI is not installed in {repo}: run `make setup` there")
+    binaries = os.pathsep.join((str(repo / "node_modules" / ".bin"), str(Path(sys.executable).parent)))
+    env = {**os.environ, "PATH": f"{binaries}{os.pathsep}{os.environ.get('PATH', '')}",
+           "AWS_REGION": session.region_name, "AWS_DEFAULT_REGION": session.region_name}  # fmt: skip
+    run_cdk = upgrade_plan.cdk_runner(cdk, repo, env)
+    try:
+        if assembly is None:
+            assembly = repo / "cdk.out" / env_name
+            console.print(f"cdk synth -c env={env_name} -o {assembly}")
+            run_cdk(["synth", "-q", "-c", f"env={env_name}", "-o", str(assembly),
+                     *(["--profile", profile] if profile else [])])  # fmt: skip
+        plan = upgrade_plan.plan_against_deployed(
+            session.client("cloudformation"), assembly, run_cdk, env_name
+        )
+    except upgrade_plan.PlanError as error:
+        _fail(str(error))
+    if as_json:
+        rows = [{**row.change.__dict__, "holds": row.holds, "refuses": row.refuses, "first": row.first}
+                for row in plan.rows]  # fmt: skip
+        out.print_json(json.dumps({"rows": rows, "not_deployed": plan.not_deployed, "refuses": plan.refuses}))
+        sys.exit(1 if plan.refuses else 0)
+    table = Table(title=f"plan-upgrade: {env_name} in {account} / {session.region_name}")
+    for column in ("stack", "resource", "type", "change", "holds data", "do first"):
+        table.add_column(column, overflow="fold")
+    for row in plan.rows:
+        change = row.change
+        table.add_row(
+            change.stack.removeprefix("Lakehouse-"),
+            change.path or change.logical_id,
+            change.resource_type,
+            change.impact,
+            f"[red]{row.holds}[/]" if row.refuses else (row.holds or "no"),
+            row.first,
+        )
+    out.print(table)
+    if plan.not_deployed:
+        out.print(f"not deployed yet (created): {', '.join(plan.not_deployed)}")
+    if plan.refuses:
+        out.print(
+            "[red]refused[/]: a resource holding data would be replaced or removed (infra/README, 'Upgrade')"
+        )
+        sys.exit(1)
+    out.print(
+        "nothing holding data is replaced or removed" if plan.rows else "nothing is replaced or removed"
+    )
+
+
 def _park_command(parking: bool):
     def command(env_name: str, region: str | None, profile: str | None) -> None:
         import os

@@ -218,3 +218,25 @@ def deployed_templates(cloudformation, stacks: list[str]) -> dict[str, dict | No
             raise PlanError(f"cannot read the deployed template of {stack}: {error}") from error
         found[stack] = json.loads(body) if isinstance(body, str) else json.loads(json.dumps(body))
     return found
+
+
+@dataclass(frozen=True)
+class UpgradePlan:
+    rows: list[PlanRow]
+    not_deployed: list[str]  # stacks this version creates
+
+    @property
+    def refuses(self) -> bool:
+        return any(row.refuses for row in self.rows)
+
+
+def plan_against_deployed(cloudformation, assembly: Path, run_cdk: CdkRunner, env_name: str) -> UpgradePlan:
+    """`lakehouse aws plan-upgrade`: this version's assembly over the templates CloudFormation holds."""
+    import tempfile
+
+    stacks = assembly_stacks(assembly)
+    deployed = deployed_templates(cloudformation, stacks)
+    with tempfile.TemporaryDirectory(prefix="lakehouse-plan-") as scratch:
+        changes = diff_assembly(run_cdk, assembly, deployed, Path(scratch))
+    present = {name: template for name, template in deployed.items() if template is not None}
+    return UpgradePlan(plan_rows(changes, present, env_name), [s for s in stacks if deployed[s] is None])
