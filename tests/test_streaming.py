@@ -59,11 +59,13 @@ class Stack:
     def status_file(self) -> Path:
         return self.settings.home / "streaming-status.json"
 
-    def start_streaming(self, *args: str) -> subprocess.Popen:
+    def start_streaming(self, *args: str, code: Path = REPO) -> subprocess.Popen:
+        """The streaming application of the code in `code` (this checkout, or a release's tree)."""
         log = (self.settings.home / "streaming.log").open("a")
         command = [sys.executable, "-m", "jobs.streaming", "--status-file", str(self.status_file), *args]
+        env = {**self.env, "PYTHONPATH": str(code)}  # before the editable install's path to this checkout
         return subprocess.Popen(
-            command, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
 
     def run_until_idle(self) -> subprocess.CompletedProcess:
@@ -288,7 +290,24 @@ def test_mariadb_down_leaves_ingest_and_views_committing_and_cdc_catches_up(stac
     assert_lake_equals_sources(stack)
 
 
-def test_kill_9_three_times_then_a_clean_run_loses_and_doubles_nothing(stack):
+@pytest.fixture(scope="module")
+def last_release(tmp_path_factory) -> Path:
+    """The last release's tree (the commit of the release baseline, from git)."""
+    from lakehouse.release import current_baseline, extract_tree, resolve_commit
+
+    tree = extract_tree(resolve_commit(current_baseline().commit), tmp_path_factory.mktemp("last-release"))
+    probe = subprocess.run(
+        [sys.executable, "-c", "import jobs; print(jobs.__file__)"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert probe.stdout.strip() == str(tree / "jobs" / "__init__.py"), probe.stdout
+    return tree
+
+
+def test_kill_9_three_times_then_a_clean_run_loses_and_doubles_nothing(stack, last_release):
+    """The first run is the last release's code, killed at a commit as a cluster replacement kills
+    it: this version resumes from the progress that code stored (offsets, binlog positions, the
+    views' watermark), then is killed twice itself."""
     producer = subprocess.Popen(
         [sys.executable, "-m", "jobs.gendata", "--count", "40000", "--rate", "2000", "--no-progress",
          "--bad-ratio", "0.02"],
@@ -300,7 +319,7 @@ def test_kill_9_three_times_then_a_clean_run_loses_and_doubles_nothing(stack):
     try:
         for kill_after in (None, 3.0, 0.5):  # at a commit, mid-run after one, and during startup
             stack.status_file.unlink(missing_ok=True)  # what this run commits, only
-            app = stack.start_streaming()
+            app = stack.start_streaming(code=last_release if kill_after is None else REPO)
             if kill_after != 0.5:
                 wait_for(lambda: stack.job_status().get("ingest", {}).get("records", 0) > 0, 180, "a commit")
             time.sleep(kill_after or 0.0)
