@@ -331,12 +331,15 @@ def plan_upgrade(
     env_name: str, region: str | None, profile: str | None, assembly: Path | None, as_json: bool
 ) -> None:
     """Before `cdk deploy`: what this version replaces or deletes in the deployed stacks and what to
-    do first; exit 1 when a resource holding data would go."""
+    do first; exit 1 when a resource holding data would go, 2 when no plan can be made."""
     import os
 
     from lakehouse.aws import upgrade_plan
 
-    session, account = _aws_session(region, profile)
+    try:
+        session, account = _aws_session(region, profile)
+    except SystemExit:  # the reason is printed: no plan, which is not a refusal
+        sys.exit(2)
     repo = Path(upgrade_plan.__file__).resolve().parents[2]
     cdk = repo / "node_modules" / ".bin" / "cdk"
     if not cdk.exists():
@@ -355,7 +358,8 @@ def plan_upgrade(
             session.client("cloudformation"), assembly, run_cdk, env_name
         )
     except upgrade_plan.PlanError as error:
-        _fail(str(error))
+        console.print(f"[red]error:[/] {error}")
+        sys.exit(2)
     if as_json:
         rows = [{**row.change.__dict__, "holds": row.holds, "refuses": row.refuses, "first": row.first}
                 for row in plan.rows]  # fmt: skip

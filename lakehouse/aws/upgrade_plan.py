@@ -36,10 +36,9 @@ DATA_HOLDING_TYPES = {
 KEEPING_POLICIES = frozenset({"Retain", "RetainExceptOnCreate", "Snapshot"})
 # The impacts the CLI prints after a resource line; "" is an in-place update or an addition.
 REMOVING_IMPACTS = ("replace", "may be replaced", "destroy", "orphan")
-_LINE = re.compile(
-    r"^\[(?P<sign>[-+~])\] (?P<type>[A-Za-z0-9]+::\S+) (?P<rest>.+?)"
-    r"(?: (?P<impact>replace|may be replaced|destroy|orphan))?$"
-)
+_LINE = re.compile(r"^\[(?P<sign>[-+~])\] (?P<type>[A-Za-z0-9]+::\S+) (?P<rest>.+)$")
+# The impact follows the logical id; the CLI may append more (e.g. "(OR move ... via refactoring)").
+_IMPACT = re.compile(r" (replace|may be replaced|destroy|orphan)(?: \(.*\))?$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -74,21 +73,31 @@ class PlanRow:
 
 def parse_cdk_diff(stack: str, text: str) -> list[ResourceChange]:
     """The resource lines of `cdk diff`'s output for one stack (colours stripped)."""
-    changes = []
-    for raw in text.splitlines():
-        match = _LINE.match(_ANSI.sub("", raw).rstrip())
+    changes, lines = [], [_ANSI.sub("", raw).rstrip() for raw in text.splitlines()]
+    for line in lines:
+        match = _LINE.match(line)
         if not match:
             continue
-        words = match["rest"].split()
+        rest, impact = match["rest"], None
+        if found := _IMPACT.search(rest):
+            rest, impact = rest[: found.start()], found.group(1)
+        words = rest.split()
         logical_id, path = words[-1], " ".join(words[:-1])
-        impact = match["impact"] or ("add" if match["sign"] == "+" else "update")
+        # A removed resource without a word the parser knows is taken as destroyed, never as kept.
+        impact = impact or {"+": "add", "-": "destroy"}.get(match["sign"], "update")
         changes.append(ResourceChange(stack, match["sign"], match["type"], logical_id, path, impact))
+    if "Resources" in lines and not changes:
+        raise PlanError(
+            f"{stack}: cdk diff lists resource changes this parser does not read:\n{text[-2000:]}"
+        )
     return changes
 
 
 def holds_data(resource_type: str, old_resource: Mapping | None) -> str | None:
-    if resource_type in DATA_HOLDING_TYPES:
-        return DATA_HOLDING_TYPES[resource_type]
+    """What the resource holds (its new type, or the old one's if the logical id changed type)."""
+    for kind in (resource_type, (old_resource or {}).get("Type")):
+        if kind in DATA_HOLDING_TYPES:
+            return DATA_HOLDING_TYPES[kind]
     policies = {(old_resource or {}).get(k) for k in ("DeletionPolicy", "UpdateReplacePolicy")}
     if policies & KEEPING_POLICIES:
         return "what the old template keeps on purpose (Retain/Snapshot policy)"
@@ -100,15 +109,15 @@ def first_steps(change: ResourceChange, env_name: str) -> str:
     kind, removes = change.resource_type, change.removes
     if kind == "AWS::EMR::Cluster" and removes:
         steps = (
-            "the new cluster is created first; the old one keeps running its streaming steps until "
-            "CloudFormation deletes it after the stack's update (both write the same tables meanwhile: "
-            "safe, see infra/README 'Upgrade')"
+            "the new cluster is created first; the old one runs its streaming steps until "
+            "CloudFormation deletes it after the stack's update, and the new one's wait until then "
+            "(infra/README 'Upgrade')"
         )
         if env_name == "prod":
             steps = (
                 "lift the cluster's termination protection first (`aws emr modify-cluster-attributes "
                 "--cluster-id <id> --no-termination-protected`), else the old cluster outlives the "
-                "deploy and keeps its steps running; " + steps
+                "deploy and the new one's streaming steps wait for it; " + steps
             )
         return steps
     if kind in ("AWS::MSK::Cluster", "AWS::MSK::Topic") and removes:
@@ -188,17 +197,13 @@ def diff_assembly(
             ["diff", "--exclusively", "--app", str(assembly), stack, "--template", str(old_file)]
         )
         changes += parse_cdk_diff(stack, output)
-    # A stack in the old set but not in the assembly: every resource of it goes.
+    # A stack in the old set but not in the assembly: `cdk deploy --all` leaves it deployed and no
+    # longer manages it; whatever takes its place starts empty.
     for stack, old in old_templates.items():
         if old is not None and stack not in assembly_stacks(assembly):
             changes += [
-                ResourceChange(stack, "-", r["Type"], logical_id, "", "destroy")
+                ResourceChange(stack, "-", r["Type"], logical_id, "(stack no longer in the app)", "orphan")
                 for logical_id, r in old.get("Resources", {}).items()
-                if r.get("DeletionPolicy") not in KEEPING_POLICIES
-            ] + [
-                ResourceChange(stack, "-", r["Type"], logical_id, "", "orphan")
-                for logical_id, r in old.get("Resources", {}).items()
-                if r.get("DeletionPolicy") in KEEPING_POLICIES
             ]
     return changes
 
@@ -216,8 +221,26 @@ def deployed_templates(cloudformation, stacks: list[str]) -> dict[str, dict | No
                 found[stack] = None
                 continue
             raise PlanError(f"cannot read the deployed template of {stack}: {error}") from error
-        found[stack] = json.loads(body) if isinstance(body, str) else json.loads(json.dumps(body))
+        try:
+            found[stack] = json.loads(body) if isinstance(body, str) else json.loads(json.dumps(body))
+        except ValueError as error:  # a YAML template: not one this app deployed
+            raise PlanError(
+                f"{stack}: the deployed template is not JSON ({error}): not deployed by this app?"
+            ) from None
     return found
+
+
+def deployed_stacks(cloudformation, prefix: str) -> list[str]:
+    """The stacks deployed under the app's prefix (`Lakehouse-<env>-`), also those the app no longer has."""
+    gone = {"DELETE_COMPLETE", "REVIEW_IN_PROGRESS"}
+    names = []
+    for page in cloudformation.get_paginator("list_stacks").paginate():
+        names += [
+            s["StackName"]
+            for s in page["StackSummaries"]
+            if s["StackName"].startswith(prefix) and s["StackStatus"] not in gone
+        ]
+    return sorted(set(names))
 
 
 @dataclass(frozen=True)
@@ -235,8 +258,13 @@ def plan_against_deployed(cloudformation, assembly: Path, run_cdk: CdkRunner, en
     import tempfile
 
     stacks = assembly_stacks(assembly)
-    deployed = deployed_templates(cloudformation, stacks)
+    prefix = f"Lakehouse-{env_name}-"
+    if strangers := [s for s in stacks if not s.startswith(prefix)]:
+        raise PlanError(f"the assembly's stacks {strangers} are not {prefix}*: synthesized for another env?")
+    deployed = deployed_templates(
+        cloudformation, sorted(set(stacks) | set(deployed_stacks(cloudformation, prefix)))
+    )
     with tempfile.TemporaryDirectory(prefix="lakehouse-plan-") as scratch:
         changes = diff_assembly(run_cdk, assembly, deployed, Path(scratch))
     present = {name: template for name, template in deployed.items() if template is not None}
-    return UpgradePlan(plan_rows(changes, present, env_name), [s for s in stacks if deployed[s] is None])
+    return UpgradePlan(plan_rows(changes, present, env_name), [s for s in stacks if deployed.get(s) is None])

@@ -83,5 +83,31 @@ def test_without_credentials_it_says_what_to_do(dev, monkeypatch):
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     result = plan(dev)
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # no plan: not a refusal
     assert "no AWS credentials" in result.output
+
+
+def test_a_deployed_stack_this_version_no_longer_has_is_read_too(dev, aws):
+    """`cdk deploy --all` leaves a stack the app dropped deployed and unmanaged: what it keeps is
+    named (a Retain log group refuses, a topic does not)."""
+    deploy(
+        aws,
+        "Lakehouse-dev-Archive",
+        {
+            "KeptLogs": {"Type": "AWS::Logs::LogGroup", "DeletionPolicy": "Retain"},
+            "Scratch": {"Type": "AWS::SNS::Topic"},
+        },
+    )
+    code, found = planned(dev)
+    assert code == 1, found
+    rows = {r["logical_id"]: (r["stack"], r["impact"], r["refuses"]) for r in found["rows"]}
+    assert rows == {
+        "KeptLogs": ("Lakehouse-dev-Archive", "orphan", True),
+        "Scratch": ("Lakehouse-dev-Archive", "orphan", False),
+    }
+
+
+def test_an_assembly_of_another_environment_makes_no_plan(dev, aws):
+    result = CliRunner().invoke(main, ["aws", "plan-upgrade", "--env", "prod", "--assembly", str(dev.outdir)])
+    assert result.exit_code == 2
+    assert "synthesized for another env" in result.output
