@@ -59,10 +59,13 @@ class Stack:
     def status_file(self) -> Path:
         return self.settings.home / "streaming-status.json"
 
-    def start_streaming(self, *args: str, code: Path = REPO) -> subprocess.Popen:
+    def start_streaming(
+        self, *args: str, code: Path = REPO, status_file: Path | None = None
+    ) -> subprocess.Popen:
         """The streaming application of the code in `code` (this checkout, or a release's tree)."""
         log = (self.settings.home / "streaming.log").open("a")
-        command = [sys.executable, "-m", "jobs.streaming", "--status-file", str(self.status_file), *args]
+        status = status_file or self.status_file
+        command = [sys.executable, "-m", "jobs.streaming", "--status-file", str(status), *args]
         env = {**self.env, "PYTHONPATH": str(code)}  # before the editable install's path to this checkout
         return subprocess.Popen(
             command, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -77,9 +80,12 @@ class Stack:
     def produce(self, count: int, *args: str) -> subprocess.CompletedProcess:
         return run_cli("gendata", "--count", str(count), "--no-progress", *args, env=self.env, timeout=600)
 
-    def job_status(self) -> dict[str, dict]:
+    def job_status(self, status_file: Path | None = None) -> dict[str, dict]:
+        return {job["name"]: job for job in self.app_status(status_file).get("jobs", [])}
+
+    def app_status(self, status_file: Path | None = None) -> dict:
         try:
-            return {job["name"]: job for job in json.loads(self.status_file.read_text())["jobs"]}
+            return json.loads((status_file or self.status_file).read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return {}
 
@@ -304,10 +310,57 @@ def last_release(tmp_path_factory) -> Path:
     return tree
 
 
+def replace_the_cluster(stack: Stack, last_release: Path) -> tuple[subprocess.Popen, dict]:
+    """A cluster replacement whose old cluster outlives the new one's start: the last release's
+    application runs and commits; this version's starts beside it and must start no job while the
+    old one's binlog reader is connected; the old one is killed -9 (its cluster terminated), then
+    this version's jobs start, resuming from what the old code stored."""
+    old_status = stack.settings.home / "old-release-status.json"
+    old_status.unlink(missing_ok=True)
+    old = stack.start_streaming(code=last_release, status_file=old_status)
+    try:
+        wait_for(
+            lambda: (
+                stack.job_status(old_status).get("ingest", {}).get("records", 0) > 0
+                and stack.job_status(old_status).get("cdc", {}).get("state") == "running"
+            ),
+            180,
+            "the last release's application to run and commit",
+        )
+        new = stack.start_streaming()
+        wait_for(
+            lambda: stack.app_status().get("waiting_for"), 120, "this version to see the old binlog reader"
+        )
+        began, old_records = time.monotonic(), stack.job_status(old_status)["ingest"]["records"]
+        stack.produce(3_000, "--rate", "1000")
+        wait_for(
+            lambda: stack.job_status(old_status)["ingest"]["records"] >= old_records + 3_000,
+            120,
+            "the old application to go on committing while this one waits",
+        )
+        assert {j["state"] for j in stack.job_status().values()} == {"waiting"}, stack.app_status()
+        assert old.poll() is None and new.poll() is None
+        together = {
+            "seconds": round(time.monotonic() - began, 1),
+            "old_records": stack.job_status(old_status)["ingest"]["records"] - old_records,
+            "waiting_for": stack.app_status()["waiting_for"],
+        }
+    finally:
+        os.killpg(old.pid, signal.SIGKILL)
+    assert old.wait(30) == -signal.SIGKILL
+    stack.produce(500)  # the old one may have committed every click: this one must have some to commit
+    wait_for(
+        lambda: stack.job_status().get("ingest", {}).get("records", 0) > 0, 180, "this version's first commit"
+    )
+    assert stack.app_status()["waiting_for"] is None
+    return new, together
+
+
 def test_kill_9_three_times_then_a_clean_run_loses_and_doubles_nothing(stack, last_release):
-    """The first run is the last release's code, killed at a commit as a cluster replacement kills
-    it: this version resumes from the progress that code stored (offsets, binlog positions, the
-    views' watermark), then is killed twice itself."""
+    """The first run is a cluster replacement (replace_the_cluster): the last release's code runs
+    beside this version's, which waits, then is killed at a commit; this version resumes from the
+    progress that code stored (offsets, binlog positions, the views' watermark) and is killed at a
+    commit, mid-run and during startup."""
     producer = subprocess.Popen(
         [sys.executable, "-m", "jobs.gendata", "--count", "40000", "--rate", "2000", "--no-progress",
          "--bad-ratio", "0.02"],
@@ -319,8 +372,14 @@ def test_kill_9_three_times_then_a_clean_run_loses_and_doubles_nothing(stack, la
     try:
         for kill_after in (None, 3.0, 0.5):  # at a commit, mid-run after one, and during startup
             stack.status_file.unlink(missing_ok=True)  # what this run commits, only
-            app = stack.start_streaming(code=last_release if kill_after is None else REPO)
+            if kill_after is None:
+                app, together = replace_the_cluster(stack, last_release)
+                print(f"the two versions ran together: {together}")
+            else:
+                app = stack.start_streaming()
             if kill_after != 0.5:
+                if producer.poll() is not None:  # the load ended: give this run clicks to commit
+                    stack.produce(500)
                 wait_for(lambda: stack.job_status().get("ingest", {}).get("records", 0) > 0, 180, "a commit")
             time.sleep(kill_after or 0.0)
             assert app.poll() is None, f"the application ended by itself before the kill ({kill_after})"

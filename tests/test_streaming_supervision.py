@@ -221,3 +221,55 @@ def test_maintenance_knows_the_cdc_staging_tables_by_name() -> None:
     from jobs.streaming.maintenance import STAGING_MARK
 
     assert STAGING_MARK == STAGING_SUFFIX + "_"
+
+
+def _waiting_app(tmp_path, readers, wait_seconds: float, stop: StopRequest | None = None):
+    events: list = []
+    spark = SimpleNamespace(sparkContext=SimpleNamespace(setLocalProperty=lambda key, value: None))
+    options = StreamingOptions(
+        jobs=("views",), mode=RunMode(0.05, True, 0.1), status_file=tmp_path / "status.json",
+        wait_for_readers_seconds=wait_seconds,
+    )  # fmt: skip
+    factory = lambda _stop: ScriptedJob(0, events, None)  # noqa: E731
+    return StreamingApplication(
+        spark, options, {"views": factory}, stop, other_binlog_readers=readers
+    ), events
+
+
+def test_no_job_starts_while_another_binlog_reader_is_connected_and_all_start_when_it_goes(tmp_path):
+    answers = [["thread 7 from 10.0.0.5:40112, 300 s"]] * 2 + [[]]
+    seen_waiting: list = []
+
+    def readers():
+        if (tmp_path / "status.json").exists():
+            seen_waiting.append(json.loads((tmp_path / "status.json").read_text())["waiting_for"])
+        return answers.pop(0)
+
+    app, events = _waiting_app(tmp_path, readers, wait_seconds=60)
+    app.stop.wait = lambda seconds: False  # no 2 s pauses in a unit test
+    assert app.run() == 0
+    assert answers == []  # asked until the other reader went
+    assert seen_waiting and all("thread 7 from 10.0.0.5:40112" in w for w in seen_waiting)
+    assert events[0] == (0, "prepare")  # the job started only then
+    assert json.loads((tmp_path / "status.json").read_text())["waiting_for"] is None
+
+
+def test_a_reader_that_stays_past_the_wait_stops_the_application_with_exit_3_before_any_job(tmp_path, capsys):
+    app, events = _waiting_app(tmp_path, lambda: ["thread 7 from 10.0.0.5:40112, 300 s"], wait_seconds=0)
+    assert app.run() == 3
+    assert events == []
+    err = capsys.readouterr().err
+    assert "another binlog reader of the CDC user is connected (thread 7" in err and "terminate it" in err
+
+
+def test_a_stop_while_waiting_exits_0_and_mysql_down_does_not_hold_the_start(tmp_path):
+    stop = StopRequest()
+    stop.set()
+    app, events = _waiting_app(tmp_path, lambda: ["thread 7 from h:1, 1 s"], wait_seconds=60, stop=stop)
+    assert app.run() == 0 and events == []
+
+    def unreachable():
+        raise ConnectionRefusedError("MySQL down")
+
+    app, events = _waiting_app(tmp_path, unreachable, wait_seconds=60)
+    assert app.run() == 0 and events[0] == (0, "prepare")

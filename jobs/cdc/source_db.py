@@ -119,6 +119,27 @@ def connect(config: LakehouseConfig, creds: Credentials) -> pymysql.Connection:
         raise
 
 
+# The processlist's Command of a binlog dump thread (a replica or a CDC reader streaming the binlog):
+# MySQL's and MariaDB's names. A user sees its own threads without the PROCESS privilege
+# (https://dev.mysql.com/doc/refman/8.4/en/show-processlist.html,
+# https://mariadb.com/kb/en/show-processlist/).
+BINLOG_DUMP_COMMANDS = ("Binlog Dump", "Binlog Dump GTID")
+
+
+def binlog_readers(conn: pymysql.Connection, user: str) -> list[tuple[int, str, int]]:
+    """(thread id, client host:port, seconds connected) of every binlog reader connected as `user`.
+    SHOW PROCESSLIST, not information_schema's (deprecated in MySQL 8): Id, User, Host, db, Command,
+    Time come first on both servers."""
+    with conn.cursor() as cur:
+        cur.execute("SHOW PROCESSLIST")
+        rows = cur.fetchall()
+    return [
+        (int(row[0]), str(row[2]), int(row[5] or 0))
+        for row in rows
+        if row[1] == user and row[4] in BINLOG_DUMP_COMMANDS
+    ]
+
+
 def connect_with(settings: dict) -> pymysql.Connection:
     """A connection from `connection_settings` (also in the snapshot's reader process)."""
     # The settings may carry keys of their own for these (the binlog library adds its charset).

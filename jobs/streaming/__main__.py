@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from jobs.common.job_args import (
@@ -52,7 +52,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="run table maintenance (compaction, snapshot expiry) beside the jobs every M minutes; 0: never "
         "(default from the environment: local 5, AWS 0, where the hourly maintain step runs it)",
     )
+    parser.add_argument(
+        "--wait-for-readers-minutes",
+        type=float,
+        default=StreamingOptions.wait_for_readers_seconds / 60,
+        metavar="M",
+        help="at start, wait up to M minutes for another binlog reader of the CDC user (another "
+        "application, e.g. a replaced cluster's) to go before the jobs start; then exit 3 (default 30)",
+    )
     args = parser.parse_args(list(argv))
+    if args.wait_for_readers_minutes < 0:
+        parser.error("--wait-for-readers-minutes must be >= 0")
     jobs = tuple(j.strip() for j in args.jobs.split(",") if j.strip())
     unknown = sorted(set(jobs) - set(JOB_NAMES))
     if unknown or not jobs:
@@ -61,6 +71,23 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error("--maintain-every-minutes must be >= 0")
     args.jobs = tuple(j for j in JOB_NAMES if j in jobs)  # upstream first
     return args
+
+
+def other_binlog_readers(config) -> Callable[[], list[str]]:
+    """The binlog readers connected as the CDC user, described (this application has none yet)."""
+
+    def describe() -> list[str]:
+        from jobs.cdc import source_db
+
+        credentials = source_db.cdc_credentials(config)
+        conn = source_db.connect(config, credentials)
+        try:
+            found = source_db.binlog_readers(conn, credentials.user)
+        finally:
+            conn.close()
+        return [f"thread {thread} from {host}, {seconds} s" for thread, host, seconds in found]
+
+    return describe
 
 
 @reports_config_errors
@@ -76,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         mode=RunMode.from_args(args),
         max_failures=args.max_failures,
         status_file=args.status_file,
+        wait_for_readers_seconds=args.wait_for_readers_minutes * 60,
     )
     from jobs.common.spark_session import build_spark, stop_spark
 
@@ -95,7 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         factories = default_factories(spark, config, options.mode, metrics)
-        return StreamingApplication(spark, options, factories, stop, maintenance).run()
+        readers = other_binlog_readers(config) if "cdc" in options.jobs else None
+        return StreamingApplication(spark, options, factories, stop, maintenance, readers).run()
     finally:
         metrics.close()
         stop_spark(spark)

@@ -12,6 +12,9 @@ supervises them:
   naming the job and the cause. A job that found another writer on its table, or offsets that went
   back, stops the application at once: that needs an operator, not a retry.
 * SIGTERM/SIGINT: every job finishes and commits its batch, then the application exits.
+* At start, while another binlog reader of the CDC user is connected (another cluster's or
+  version's application, e.g. a replaced cluster still running), no job starts: two applications
+  would stop each other's commits. After `--wait-for-readers-minutes` it exits 3.
 * `--until-idle`: CDC stops at the binlog position the source had at start, the ingest once idle
   after CDC finished, views once idle after the ingest finished (so views count every click).
 * `--status-file`: the jobs' state (batches, records, last commit, lag, failures) as JSON, rewritten
@@ -75,6 +78,8 @@ class StreamingOptions:
     max_failures: int = 5  # within FAILURE_WINDOW_SECONDS, then the application fails
     status_file: Path | None = None
     first_backoff_seconds: float = 2.0
+    # How long to wait at start for another binlog reader of the CDC user to go, then exit 3.
+    wait_for_readers_seconds: float = 1800.0
 
 
 # ---- the jobs: each is a StreamingJob itself -----------------------------------------------------------
@@ -230,15 +235,21 @@ class StreamingApplication:
         factories: dict[str, JobFactory],
         stop: StopRequest | None = None,
         maintenance: PeriodicMaintenance | None = None,
+        other_binlog_readers: Callable[[], list[str]] | None = None,
     ) -> None:
         self.spark = spark
         self.options = options
         self.stop = stop or StopRequest()
         self.runners = {name: _JobRunner(self, name, factories[name]) for name in options.jobs}
         self.maintenance = maintenance
+        self.other_binlog_readers = other_binlog_readers
+        self.waiting_for: str | None = None
 
     def run(self) -> int:
         """Run until every job finished (or stop); returns the exit code."""
+        refused = self._wait_for_other_binlog_readers()
+        if refused is not None:
+            return refused
         log.info("streaming: starting %s", ", ".join(self.runners))
         for runner in self.runners.values():
             runner.thread.start()
@@ -264,6 +275,52 @@ class StreamingApplication:
         log.info("streaming stopped: %s", summary)
         return max((f.exit_code for f in failures), default=0)
 
+    def _wait_for_other_binlog_readers(self) -> int | None:
+        """Before any job starts, wait while another binlog reader of the CDC user is connected: the
+        streaming application of another cluster (a replaced cluster that is still running) or of
+        another version, or a verify run. Two applications on the same tables would each stop the
+        other's commits, and their binlog readers (one replica id) would disconnect each other.
+        Returns the exit code when the application must not start (a stop request: 0; still there
+        after `wait_for_readers_seconds`: 3), else None."""
+        if self.other_binlog_readers is None:
+            return None
+        began, logged = time.monotonic(), None
+        while True:
+            try:
+                others = self.other_binlog_readers()
+            except Exception as exc:  # noqa: BLE001 - MySQL down: CDC handles that once it runs
+                log.warning("could not check for another binlog reader (%s): starting", _cause(exc))
+                others = []
+            waited = time.monotonic() - began
+            if not others:
+                if self.waiting_for is not None:
+                    log.info("the other binlog reader went after %.0f s: starting", waited)
+                self.waiting_for = None
+                return None
+            self.waiting_for = f"another binlog reader of the CDC user is connected ({'; '.join(others)})"
+            if waited >= self.options.wait_for_readers_seconds:
+                message = (
+                    f"{self.waiting_for} after {waited:.0f} s: another streaming application (on AWS, a "
+                    "replaced cluster still running: lift its termination protection and terminate it) or "
+                    "a long verify run. Not starting: two applications on the same tables stop each other"
+                )
+                log.error("%s", message)
+                print(f"error: {message}", file=sys.stderr)
+                self._write_status()
+                return CONCURRENT_WRITER_EXIT
+            if logged is None or time.monotonic() - logged >= 30:
+                logged = time.monotonic()
+                log.info(
+                    "waiting: %s; jobs start when it goes (%.0f s so far, at most %.0f s)",
+                    self.waiting_for,
+                    waited,
+                    self.options.wait_for_readers_seconds,
+                )
+            self._write_status()
+            if self.stop.wait(2.0):
+                self.waiting_for = None
+                return 0
+
     def statuses(self) -> list[JobStatus]:
         return [r.status for r in self.runners.values()]
 
@@ -272,7 +329,11 @@ class StreamingApplication:
         if path is None:
             return
         tmp = path.with_suffix(".tmp")
-        status = {"at": time.time(), "jobs": [asdict(s) for s in self.statuses()]}
+        status = {
+            "at": time.time(),
+            "jobs": [asdict(s) for s in self.statuses()],
+            "waiting_for": self.waiting_for,
+        }
         if self.maintenance is not None:
             status["maintenance"] = asdict(self.maintenance.status)
         tmp.write_text(json.dumps(status))
