@@ -199,8 +199,28 @@ class ComputeStack(_LakehouseStack):
             description="Arguments of jobs.config.LakehouseConfig.aws for jobs on EMR",
         )
         self.job_settings_parameter.grant_read(role)
+        # The cluster's id for the stacks that act on it (Monitoring, Jobs), read by them as an
+        # SSM-typed parameter: CloudFormation resolves that again at every update, and the CDK CLI
+        # never skips a stack that has one. A cross-stack reference (Fn::GetStackOutput, resolved
+        # only when the consumer's template changes; the CLI skips a stack whose template did not)
+        # left them on a replaced cluster's id: the supervisor then watched a terminated cluster.
+        self.cluster_id_parameter_name = f"{config.parameter_prefix}/emr/cluster-id"
         if self.compute.cluster_id:
             CfnOutput(self, "EmrClusterId", value=self.compute.cluster_id)
+            ssm.StringParameter(
+                self,
+                "ClusterIdParameter",
+                parameter_name=self.cluster_id_parameter_name,
+                string_value=self.compute.cluster_id,
+                description="The EMR cluster's id: the Monitoring and Jobs stacks resolve it at each deploy",
+            )
+
+    def cluster_id_for(self, consumer: Stack) -> str | None:
+        """The cluster's id in `consumer`, resolved by CloudFormation at each of its deploys (None parked)."""
+        if not self.compute.cluster_id:
+            return None
+        consumer.add_dependency(self)
+        return ssm.StringParameter.value_for_string_parameter(consumer, self.cluster_id_parameter_name)
         CfnOutput(self, "JobSettingsParameterName", value=self.job_settings_parameter.parameter_name)
 
 
@@ -210,7 +230,7 @@ class MonitoringStack(_LakehouseStack):
         scope: Construct,
         config: DeploymentConfig,
         *,
-        compute: EmrCompute,
+        compute: ComputeStack,
         kafka: KafkaCluster,
         source_database: SourceDatabase,
     ) -> None:
@@ -219,7 +239,7 @@ class MonitoringStack(_LakehouseStack):
             self,
             "Monitoring",
             settings=config.monitoring,
-            emr_cluster_id=compute.cluster_id,
+            emr_cluster_id=compute.cluster_id_for(self),
             database=source_database.instance,
             msk_cluster_name=kafka.cluster_name,
             msk_broker_count=kafka.broker_count,
@@ -259,7 +279,7 @@ class JobsStack(_LakehouseStack):
             package_dir=package_dir,
             artifacts=JobArtifacts(lake.artifacts_bucket_name, package_dir.name, architecture),
             artifacts_bucket=s3.Bucket.from_bucket_name(self, "ArtifactsBucket", lake.artifacts_bucket_name),
-            cluster_id=compute.compute.cluster_id,
+            cluster_id=compute.cluster_id_for(self),
             job_settings=compute.job_settings,
             job_python=config.compute.job_python,
             alert_topic=monitoring.topic,
@@ -305,7 +325,7 @@ class LakehouseStacks:
         self.monitoring = MonitoringStack(
             app,
             config,
-            compute=self.compute.compute,
+            compute=self.compute,
             kafka=self.kafka.kafka,
             source_database=self.source_database.source_database,
         )

@@ -128,9 +128,21 @@ class Resolver:
         if name in self.pseudo:
             return self.pseudo[name]
         parameter = self.assembly.templates[stack].get("Parameters", {}).get(name)
+        if parameter is not None and str(parameter.get("Type", "")).startswith("AWS::SSM::Parameter::Value"):
+            return self._ssm_parameter(str(parameter["Default"]))
         if parameter is not None:
             return str(parameter.get("Default", f"{UNRESOLVED}parameter {name}>>"))
         return self._resource_value(stack, name, None)
+
+    def _ssm_parameter(self, name: str) -> str:
+        """An SSM-typed template parameter as CloudFormation resolves it at deploy: the value of the
+        parameter of that name, here the one a stack of the assembly creates."""
+        for other, template in self.assembly.templates.items():
+            for resource in template.get("Resources", {}).values():
+                properties = resource.get("Properties", {})
+                if resource["Type"] == "AWS::SSM::Parameter" and properties.get("Name") == name:
+                    return str(self.resolve(other, properties["Value"]))
+        return f"{UNRESOLVED}SSM parameter {name}>>"
 
     def _resource_value(self, stack: str, logical_id: str, attribute: str | None) -> str:
         resource = self.assembly.resource(stack, logical_id)

@@ -49,6 +49,10 @@ PAGES = {
     "metric-math": "https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/using-metric-math.html",
     "condition-keys": "https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_condition-keys.html",
     "athena-s3": "https://docs.aws.amazon.com/athena/latest/ug/s3-permissions.html",
+    "get-stack-output": "https://docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/"
+    "intrinsic-function-reference-getstackoutput.html",
+    "ssm-parameter-types": "https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/"
+    "cloudformation-supplied-parameter-types.html",
 }
 
 Templates = dict[str, dict]  # concern -> template JSON
@@ -728,3 +732,60 @@ def mutated(templates: Templates, logical_id: str, change) -> Templates:
             change(template["Resources"][logical_id])
             return copied
     raise KeyError(logical_id)
+
+
+# ---- rule 5: a replaced resource reaches the stacks that act on it ---------------------------------
+
+# Resources a routine change replaces (the cluster: a release, bootstrap action or classification).
+REPLACED_ROUTINELY = ("AWS::EMR::Cluster",)
+
+
+def _references(value: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, dict):
+        for key, argument in value.items():
+            if key in ("Fn::GetStackOutput", "Fn::ImportValue"):
+                yield key, argument
+            yield from _references(argument)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _references(item)
+
+
+def stale_after_replacement(templates: Templates) -> list[str]:
+    """Values in one stack that name a routinely replaced resource of another stack through
+    Fn::GetStackOutput or Fn::ImportValue. CloudFormation resolves such a reference only when the
+    consumer is updated (PAGES["get-stack-output"]), and the CDK CLI skips a stack whose template,
+    tags and parameters did not change: after a replacement the consumer keeps the old id. An
+    SSM-typed template parameter is resolved at every update (PAGES["ssm-parameter-types"]) and
+    makes the CLI deploy the stack every time."""
+    exports = {
+        output["Export"]["Name"]: (concern, output["Value"])
+        for concern, template in templates.items()
+        for output in template.get("Outputs", {}).values()
+        if isinstance(output.get("Export", {}).get("Name"), str)
+    }
+    found = []
+    for concern, template in templates.items():
+        for logical_id, resource in template["Resources"].items():
+            for function, argument in _references(resource.get("Properties", {})):
+                if function == "Fn::GetStackOutput":
+                    producer = next(
+                        (c for c in templates if str(argument["StackName"]).endswith(f"-{c}")), None
+                    )
+                    output = (
+                        templates[producer].get("Outputs", {}).get(argument["OutputName"])
+                        if producer
+                        else None
+                    )
+                    value = output and output["Value"]
+                else:
+                    producer, value = exports.get(argument, (None, None))
+                target = value.get("Ref") if isinstance(value, dict) else None
+                kind = (
+                    templates[producer]["Resources"].get(target, {}).get("Type")
+                    if producer and target
+                    else None
+                )
+                if kind in REPLACED_ROUTINELY:
+                    found.append(f"{concern}/{logical_id}: {function} of {producer}/{target} ({kind})")
+    return sorted(set(found))

@@ -73,6 +73,9 @@ class SynthesizedEnv:
         if isinstance(value, dict) and len(value) == 1:
             ((function, argument),) = value.items()
             if function == "Ref" and isinstance(argument, str) and not argument.startswith("AWS::"):
+                parameter = self.templates[concern].get("Parameters", {}).get(argument)
+                if parameter and parameter["Type"].startswith("AWS::SSM::Parameter::Value"):
+                    return self.resolve(*self._ssm_parameter_value(parameter["Default"]))
                 return self._target(concern, argument, None)
             if function == "Fn::GetAtt":
                 logical_id, attribute = argument if isinstance(argument, list) else argument.split(".", 1)
@@ -122,6 +125,18 @@ class SynthesizedEnv:
         resources = self.templates[concern]["Resources"]
         assert logical_id in resources, f"{concern} has no resource {logical_id}"
         return Target(concern, logical_id, attribute, resources[logical_id])
+
+    def _ssm_parameter_value(self, name: str) -> tuple[str, Any]:
+        """(concern, value) of the SSM parameter named `name` that a stack of this app creates: what
+        CloudFormation resolves an SSM-typed template parameter to at deploy."""
+        found = [
+            (concern, resource["Properties"]["Value"])
+            for concern, template in self.templates.items()
+            for resource in template["Resources"].values()
+            if resource["Type"] == "AWS::SSM::Parameter" and resource["Properties"].get("Name") == name
+        ]
+        assert len(found) == 1, f"SSM parameter {name}: created by {len(found)} stacks of this app"
+        return found[0]
 
     def _concern_of_stack(self, stack_name: str) -> str:
         stacks = zip(CONCERNS, self.stacks.all, strict=True)

@@ -306,3 +306,22 @@ def test_the_person_who_deployed_dev_can_query_the_tables_with_athena(dev, tmp_p
 
     assert table_read(pinned.templates) != "deny"
     assert table_read(dev.templates) == "deny"  # not pinned: Athena's query fails "Access denied"
+
+
+# ---- rule 5: a replaced cluster reaches the stacks that act on it ----------------------------------
+
+
+def test_the_stacks_acting_on_the_cluster_read_its_id_at_every_deploy(synthesized):
+    assert aws.stale_after_replacement(synthesized.templates) == []
+
+
+def test_the_last_release_read_the_cluster_id_by_a_reference_a_replacement_left_stale():
+    """Positive control: the last release's templates (tests/infra/baselines), where the supervisor,
+    the state machines, the step-change rule and the EMR failure rule named the cluster by
+    Fn::GetStackOutput."""
+    from lakehouse.release import current_baseline
+
+    old = {name.rsplit("-", 1)[-1]: t for name, t in current_baseline().templates("dev").items()}
+    found = aws.stale_after_replacement(old)
+    assert {f.split("/")[0] for f in found} == {"Jobs", "Monitoring"}, found
+    assert any("Supervisor" in f for f in found), found

@@ -238,7 +238,10 @@ def test_step_functions_and_the_supervisor_touch_steps_of_this_cluster_only(synt
     for statement in emr_statements:
         resource = json.dumps(statement["Resource"])
         assert "cluster/*" not in resource and "cluster/" in resource
-        assert "ImportValue" in resource or "GetStackOutput" in resource  # the cluster's own id
+        # The cluster's own id: the ARN's last part resolves to the Compute stack's cluster.
+        (arn,) = [statement["Resource"]] if isinstance(statement["Resource"], dict) else statement["Resource"]
+        target = synthesized.resolve("Jobs", arn["Fn::Join"][1][-1])
+        assert (target.concern, target.type) == ("Compute", "AWS::EMR::Cluster")
         assert {"elasticmapreduce:AddJobFlowSteps"} <= set(statement["Action"])
 
 
