@@ -3,7 +3,9 @@
 `make baseline` (at release time; `RELEASE=<commit>` for another commit than HEAD) extracts the
 release's tree from git, synthesizes dev and prod there with the CDK CLI, and writes
 `tests/infra/baselines/<commit>/<env>/<stack>.template.json` plus `release.json`, replacing the
-previous baseline. tests/infra/test_upgrade_baseline.py diffs today's templates against it; the
+previous baseline. The synth uses this checkout's CLI, aws-cdk-lib and `dist/` (an older release's
+jobs package is built there), so run it with the release checked out, as `make baseline` at release
+time does by default. tests/infra/test_upgrade_baseline.py diffs today's templates against it; the
 side-by-side upgrade test runs that release's code, extracted the same way.
 """
 
@@ -84,7 +86,8 @@ def extract_tree(commit: str, dest: Path) -> Path:
         raise ReleaseError(f"git archive {commit}: {archive.stderr.decode().strip()}")
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(dest, filter="data")
+        # The "data" filter (no absolute paths, links out of dest or device files) from 3.11.4 on.
+        tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     return dest
 
 
