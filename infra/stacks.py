@@ -214,6 +214,10 @@ class ComputeStack(_LakehouseStack):
                 string_value=self.compute.cluster_id,
                 description="The EMR cluster's id: the Monitoring and Jobs stacks resolve it at each deploy",
             )
+            # The output the last release's Monitoring and Jobs read the id from (CDK named it for
+            # the weak reference): kept one release, so a rollback of their update still resolves.
+            CfnOutput(self, "PublishOutputRefComputeClusterB3B105D42CE5D001", value=self.compute.cluster_id)
+        CfnOutput(self, "JobSettingsParameterName", value=self.job_settings_parameter.parameter_name)
 
     def cluster_id_for(self, consumer: Stack) -> str | None:
         """The cluster's id in `consumer`, resolved by CloudFormation at each of its deploys (None parked)."""
@@ -221,7 +225,6 @@ class ComputeStack(_LakehouseStack):
             return None
         consumer.add_dependency(self)
         return ssm.StringParameter.value_for_string_parameter(consumer, self.cluster_id_parameter_name)
-        CfnOutput(self, "JobSettingsParameterName", value=self.job_settings_parameter.parameter_name)
 
 
 class MonitoringStack(_LakehouseStack):

@@ -91,3 +91,12 @@ def test_a_stack_the_release_had_and_today_lacks_loses_what_it_held(dev, tmp_pat
     }
     (row,) = _plan(dev, old, tmp_path)
     assert (row.change.impact, row.refuses) == ("orphan", True)
+
+
+def test_every_output_of_the_last_release_is_still_there(synthesized):
+    """Operators' scripts and `lakehouse aws` read the stacks' outputs: an upgrade keeps each one."""
+    old = current_baseline().templates(synthesized.config.env_name)
+    for concern, template in synthesized.templates.items():
+        stack = synthesized.config.stack_name(concern)
+        lost = set(old[stack].get("Outputs", {})) - set(template.get("Outputs", {}))
+        assert not lost, f"{stack} no longer has the outputs {sorted(lost)}"
