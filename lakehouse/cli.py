@@ -343,7 +343,8 @@ def plan_upgrade(
     repo = Path(upgrade_plan.__file__).resolve().parents[2]
     cdk = repo / "node_modules" / ".bin" / "cdk"
     if not cdk.exists():
-        _fail(f"the CDK CLI is not installed in {repo}: run `make setup` there")
+        console.print(f"[red]error:[/] the CDK CLI is not installed in {repo}: run `make setup` there")
+        sys.exit(2)
     binaries = os.pathsep.join((str(repo / "node_modules" / ".bin"), str(Path(sys.executable).parent)))
     env = {**os.environ, "PATH": f"{binaries}{os.pathsep}{os.environ.get('PATH', '')}",
            "AWS_REGION": session.region_name, "AWS_DEFAULT_REGION": session.region_name}  # fmt: skip
@@ -372,7 +373,7 @@ def plan_upgrade(
         change = row.change
         table.add_row(
             change.stack.removeprefix("Lakehouse-"),
-            change.path or change.logical_id,
+            f"{change.path} ({change.logical_id})" if change.path else change.logical_id,
             change.resource_type,
             change.impact,
             f"[red]{row.holds}[/]" if row.refuses else (row.holds or "no"),
