@@ -4,6 +4,8 @@ appended `(OR move ...)`); the diff itself runs in tests/infra/test_upgrade_base
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from lakehouse.aws.upgrade_plan import PlanError, holds_data, parse_cdk_diff, plan_rows
@@ -27,15 +29,17 @@ Outputs
 
 
 def test_every_resource_line_with_its_impact_and_nothing_else():
-    found = {(c.resource_type, c.logical_id, c.path, c.impact) for c in parse_cdk_diff("S", DIFF)}
-    assert found == {
-        ("AWS::RDS::DBInstance", "Instance797AD7A6", "SourceDatabase/Instance", "replace"),
-        ("AWS::S3::Bucket", "OldLogs5F21DAB1", "Lake/Logs Bucket", "orphan"),
-        ("AWS::Logs::LogGroup", "OldGroup12", "Old/Group", "destroy"),  # no word: taken as destroyed
-        ("AWS::S3::Bucket", "LakeLogsBucket5F21DAB1", "Lake/LogsBucket", "add"),
-        ("AWS::Lambda::Function", "Supervisor1A2B", "Jobs/Supervisor", "update"),
-        ("AWS::EMR::Cluster", "Cluster3C4D", "Compute/Cluster", "may be replaced"),
-    }
+    found = Counter((c.resource_type, c.logical_id, c.path, c.impact) for c in parse_cdk_diff("S", DIFF))
+    assert found == Counter(  # each line once: a line read twice would double a row
+        {
+            ("AWS::RDS::DBInstance", "Instance797AD7A6", "SourceDatabase/Instance", "replace"),
+            ("AWS::S3::Bucket", "OldLogs5F21DAB1", "Lake/Logs Bucket", "orphan"),
+            ("AWS::Logs::LogGroup", "OldGroup12", "Old/Group", "destroy"),  # no word: taken as destroyed
+            ("AWS::S3::Bucket", "LakeLogsBucket5F21DAB1", "Lake/LogsBucket", "add"),
+            ("AWS::Lambda::Function", "Supervisor1A2B", "Jobs/Supervisor", "update"),
+            ("AWS::EMR::Cluster", "Cluster3C4D", "Compute/Cluster", "may be replaced"),
+        }
+    )
 
 
 def test_resource_changes_the_parser_cannot_read_are_an_error_not_an_empty_plan():

@@ -198,13 +198,14 @@ def diff_assembly(
 
     # One CLI process per stack (--template takes one): ~1.5 s each, mostly Node starting, so a few
     # at once.
-    stacks = [s for s in assembly_stacks(assembly) if old_templates.get(s) is not None]
+    in_assembly = assembly_stacks(assembly)
+    stacks = [s for s in in_assembly if old_templates.get(s) is not None]
     with ThreadPoolExecutor(max_workers=4) as pool:
         changes = [change for found in pool.map(diff, stacks) for change in found]
     # A stack in the old set but not in the assembly: `cdk deploy --all` leaves it deployed and no
     # longer manages it; whatever takes its place starts empty.
     for stack, old in old_templates.items():
-        if old is not None and stack not in assembly_stacks(assembly):
+        if old is not None and stack not in in_assembly:
             changes += [
                 ResourceChange(stack, "-", r["Type"], logical_id, "(stack no longer in the app)", "orphan")
                 for logical_id, r in old.get("Resources", {}).items()
