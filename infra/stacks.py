@@ -283,6 +283,7 @@ class JobsStack(_LakehouseStack):
             artifacts=JobArtifacts(lake.artifacts_bucket_name, package_dir.name, architecture),
             artifacts_bucket=s3.Bucket.from_bucket_name(self, "ArtifactsBucket", lake.artifacts_bucket_name),
             cluster_id=compute.cluster_id_for(self),
+            cluster_name=compute.compute.cluster_name,
             job_settings=compute.job_settings,
             job_python=config.compute.job_python,
             alert_topic=monitoring.topic,

@@ -27,7 +27,7 @@ from infra.access import NamedRoles, give_role_name
 from infra.bundling import python_function_code, python_function_code_with_wheels
 from infra.config import EMR_TLS_CERTIFICATES_KEY, ComputeSettings
 from infra.constructs.network import EMR_MANAGED_POLICY_TAG
-from infra.emr_steps import BOOTSTRAP_PREFIX
+from infra.emr_steps import BOOTSTRAP_PREFIX, SUPERVISED_CLUSTER_TAG
 from infra.nag import (
     acknowledge,
     acknowledge_bucket_deployment,
@@ -457,7 +457,10 @@ class EmrCompute(Construct):
             else None,
             scale_down_behavior="TERMINATE_AT_TASK_COMPLETION",
             visible_to_all_users=True,
-            tags=[{"key": EMR_MANAGED_POLICY_TAG[0], "value": EMR_MANAGED_POLICY_TAG[1]}],
+            tags=[
+                {"key": EMR_MANAGED_POLICY_TAG[0], "value": EMR_MANAGED_POLICY_TAG[1]},
+                {"key": SUPERVISED_CLUSTER_TAG, "value": cluster_name},
+            ],
         )
         # The cluster must not start before its roles carry their policies (grants added later by
         # the stack land in these roles' default policies, which the dependency includes).

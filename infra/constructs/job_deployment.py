@@ -45,6 +45,7 @@ from infra.emr_steps import (
     ARTIFACTS_PREFIX,
     BATCH_JOBS,
     STREAMING_STEPS_FILE,
+    SUPERVISED_CLUSTER_TAG,
     JobArtifacts,
     replacing_step_args,
     spark_submit_args,
@@ -95,6 +96,7 @@ class JobDeployment(Construct):
         artifacts: JobArtifacts,
         artifacts_bucket: s3.IBucket,
         cluster_id: str | None,
+        cluster_name: str,
         job_settings: Mapping[str, object],
         job_python: str,
         alert_topic: sns.ITopic,
@@ -158,7 +160,7 @@ class JobDeployment(Construct):
         if cluster_id is None:
             return  # parked (dev): the artifacts stay current; nothing runs.
         retention = log_retention(settings.log_retention_days)
-        self.supervisor = self._supervisor(cluster_id, alert_topic, settings, removal_policy)
+        self.supervisor = self._supervisor(cluster_id, cluster_name, alert_topic, settings, removal_policy)
 
         self.batch_state_machines = {
             job: self._batch_state_machine(
@@ -206,7 +208,9 @@ class JobDeployment(Construct):
 
     # ---- streaming: the supervisor -------------------------------------------------------------
 
-    def _supervisor(self, cluster_id, alert_topic, settings: JobSettings, removal_policy) -> lambda_.Function:
+    def _supervisor(
+        self, cluster_id, cluster_name: str, alert_topic, settings: JobSettings, removal_policy
+    ) -> lambda_.Function:
         log_group = logs.LogGroup(
             self,
             "SupervisorLogs",
@@ -242,6 +246,7 @@ class JobDeployment(Construct):
             log_group=log_group,
             environment={
                 "CLUSTER_ID": cluster_id,
+                "CLUSTER_NAME": cluster_name,
                 "STREAMING_STEPS_S3_URI": f"s3://{self.artifacts.bucket_name}/{self.streaming_steps_key}",
                 "ALERT_TOPIC_ARN": alert_topic.topic_arn,
                 "MAX_FAILURES_PER_HOUR": str(settings.max_failures_per_hour),
@@ -262,6 +267,21 @@ class JobDeployment(Construct):
                 resources=[self.cluster_arn],
             )
         )
+        # The handover: a replaced cluster of this name that still runs (prod's is termination-
+        # protected) gets its streaming steps interrupted before this cluster starts its own.
+        # ListClusters has no resource type; the others only on a cluster tagged with this name.
+        function.add_to_role_policy(
+            iam.PolicyStatement(actions=["elasticmapreduce:ListClusters"], resources=["*"])
+        )
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["elasticmapreduce:ListSteps", "elasticmapreduce:CancelSteps"],
+                resources=[aws_arn("elasticmapreduce", "cluster/*")],
+                conditions={
+                    "StringEquals": {f"elasticmapreduce:ResourceTag/{SUPERVISED_CLUSTER_TAG}": cluster_name}
+                },
+            )
+        )
         alert_topic.grant_publish(function)
         function.add_to_role_policy(
             iam.PolicyStatement(
@@ -277,6 +297,18 @@ class JobDeployment(Construct):
         )
         acknowledge(
             function, LAMBDA_BASIC_EXECUTION_FINDING, "AWS managed policy: the function writes its own logs"
+        )
+        acknowledge(
+            function,
+            "AwsSolutions-IAM5[Resource::*]",
+            "elasticmapreduce:ListClusters has no resource type (service authorization reference); the "
+            "handover finds a replaced cluster by name with it",
+        )
+        acknowledge(
+            function,
+            "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:elasticmapreduce:<AWS::Region>:<AWS::AccountId>:cluster/*]",
+            "ListSteps and CancelSteps on a replaced cluster whose id is not known at deploy time: only "
+            f"clusters tagged {SUPERVISED_CLUSTER_TAG}=<this cluster's name> (elasticmapreduce:ResourceTag)",
         )
         acknowledge(
             function,

@@ -53,6 +53,11 @@ PAGES = {
     "intrinsic-function-reference-getstackoutput.html",
     "ssm-parameter-types": "https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/"
     "cloudformation-supplied-parameter-types.html",
+    "emr-actions": "https://docs.aws.amazon.com/service-authorization/latest/reference/"
+    "list_amazonelasticmapreduce.html",
+    "emr-tag-access": "https://docs.aws.amazon.com/emr/latest/ManagementGuide/emr-fine-grained-cluster-access.html",
+    "cfn-replacement": "https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/"
+    "using-cfn-updating-stacks-update-behaviors.html",
 }
 
 Templates = dict[str, dict]  # concern -> template JSON
@@ -120,7 +125,11 @@ def render(templates: Templates, value: Any) -> str:
     if isinstance(value, dict) and len(value) == 1:
         ((function, argument),) = value.items()
         if function == "Ref":
-            return PSEUDO[argument] if argument in PSEUDO else physical(templates, argument, None)
+            if argument in PSEUDO:
+                return PSEUDO[argument]
+            if any(argument in t.get("Parameters", {}) for t in templates.values()):
+                return f"{{{argument}}}"  # a template parameter (e.g. SSM-typed): known at deploy time
+            return physical(templates, argument, None)
         if function == "Fn::GetAtt":
             logical_id, attribute = argument if isinstance(argument, list) else argument.split(".", 1)
             return physical(templates, logical_id, attribute)
@@ -789,3 +798,52 @@ def stale_after_replacement(templates: Templates) -> list[str]:
                 if kind in REPLACED_ROUTINELY:
                     found.append(f"{concern}/{logical_id}: {function} of {producer}/{target} ({kind})")
     return sorted(set(found))
+
+
+# ---- rule 6: the supervisor of a replacing cluster can hand over from the cluster it replaces -----
+
+
+def handover_gaps(templates: Templates, tag_key: str) -> list[str]:
+    """A replacement creates the new cluster before deleting the old (PAGES["cfn-replacement"]),
+    and prod's old cluster is termination-protected, so it runs on. The supervisor of the new
+    cluster (step_supervisor/handler.py, the handover) must be able to find the old cluster by name
+    (ListClusters: no resource type, PAGES["emr-actions"]) and list and interrupt its steps, which
+    EMR authorizes on the cluster's tags (elasticmapreduce:ResourceTag/<key>, PAGES["emr-tag-access"]).
+    So each cluster must carry `tag_key` = its name, and the supervisor's role must be allowed those
+    calls on a cluster with that tag and no other. Returns what is missing."""
+    resources = _resources(templates)
+    clusters = [r for _, r in resources.values() if r["Type"] == "AWS::EMR::Cluster"]
+    supervisors = [
+        r
+        for _, r in resources.values()
+        if r["Type"] == "AWS::Lambda::Function"
+        and "STREAMING_STEPS_S3_URI" in r["Properties"].get("Environment", {}).get("Variables", {})
+    ]
+    gaps = []
+    for cluster in clusters:
+        props = cluster["Properties"]
+        name = render(templates, props["Name"])
+        tags = {t["Key"]: render(templates, t["Value"]) for t in props.get("Tags", [])}
+        if tags.get(tag_key) != name:
+            gaps.append(f"cluster {name}: no tag {tag_key}={name}, so the next release cannot take over")
+        for supervisor in supervisors:
+            variables = supervisor["Properties"]["Environment"]["Variables"]
+            if render(templates, variables.get("CLUSTER_NAME", "")) != name:
+                gaps.append(f"supervisor: CLUSTER_NAME is not {name}")
+            statements = identity_statements(
+                templates, target_of(templates, supervisor["Properties"]["Role"])
+            )
+            old = f"arn:{PARTITION}:elasticmapreduce:{REGION}:{ACCOUNT}:cluster/j-REPLACED"
+            tagged = {f"elasticmapreduce:ResourceTag/{tag_key}": name}
+            other = {f"elasticmapreduce:ResourceTag/{tag_key}": f"{name}-other"}
+            for action in ("elasticmapreduce:ListSteps", "elasticmapreduce:CancelSteps"):
+                if evaluate(templates, statements, Request(action, old, context=tagged)) != "allow":
+                    gaps.append(f"supervisor: {action} on the replaced cluster is not allowed")
+                for context in (other, {}):
+                    if evaluate(templates, statements, Request(action, old, context=context)) == "allow":
+                        gaps.append(f"supervisor: {action} allowed on a cluster not tagged {tag_key}={name}")
+            if evaluate(templates, statements, Request("elasticmapreduce:ListClusters", "*")) != "allow":
+                gaps.append("supervisor: elasticmapreduce:ListClusters is not allowed")
+    if clusters and not supervisors:
+        gaps.append("no supervisor found")
+    return gaps

@@ -325,3 +325,46 @@ def test_the_last_release_read_the_cluster_id_by_a_reference_a_replacement_left_
     found = aws.stale_after_replacement(old)
     assert {f.split("/")[0] for f in found} == {"Jobs", "Monitoring"}, found
     assert any("Supervisor" in f for f in found), found
+
+
+# ---- rule 6: a replacing cluster's supervisor can take over from the cluster it replaces ------------
+
+
+def test_the_supervisor_of_a_replacing_cluster_can_interrupt_the_replaced_cluster_s_steps(synthesized):
+    from infra.emr_steps import SUPERVISED_CLUSTER_TAG
+
+    assert aws.handover_gaps(synthesized.templates, SUPERVISED_CLUSTER_TAG) == []
+
+
+def test_a_cluster_without_the_tag_or_a_role_without_the_condition_fails_the_handover(dev):
+    from infra.emr_steps import SUPERVISED_CLUSTER_TAG
+
+    (cluster,) = of_type(dev.templates, "AWS::EMR::Cluster")
+
+    def untag(resource):
+        resource["Properties"]["Tags"] = [
+            t for t in resource["Properties"]["Tags"] if t["Key"] != SUPERVISED_CLUSTER_TAG
+        ]
+
+    gaps = aws.handover_gaps(aws.mutated(dev.templates, cluster, untag), SUPERVISED_CLUSTER_TAG)
+    assert any("no tag" in gap for gap in gaps), gaps
+
+    (policy,) = [lid for lid in of_type(dev.templates, "AWS::IAM::Policy") if "StepSupervisor" in lid]
+
+    def drop_condition(resource):
+        for statement in resource["Properties"]["PolicyDocument"]["Statement"]:
+            statement.pop("Condition", None)
+
+    gaps = aws.handover_gaps(aws.mutated(dev.templates, policy, drop_condition), SUPERVISED_CLUSTER_TAG)
+    assert any("not tagged" in gap for gap in gaps), gaps
+
+
+def test_the_last_release_s_cluster_carries_no_tag_so_the_first_handover_waits_for_an_operator():
+    """The baseline's cluster was created without the tag: the supervisor of the release that
+    replaces it cannot list its steps and holds the start (handler.py) until it is terminated.
+    infra/README's Upgrade section says so."""
+    from infra.emr_steps import SUPERVISED_CLUSTER_TAG
+    from lakehouse.release import current_baseline
+
+    old = {name.rsplit("-", 1)[-1]: t for name, t in current_baseline().templates("prod").items()}
+    assert any("no tag" in gap for gap in aws.handover_gaps(old, SUPERVISED_CLUSTER_TAG))

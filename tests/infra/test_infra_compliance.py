@@ -36,6 +36,9 @@ EXPLAINED_STAR_RESOURCES = {
             "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel",
         }
     ): "Session Manager's session channels on the nodes: ssmmessages has no resource-level permissions",
+    frozenset({"elasticmapreduce:ListClusters"}): (
+        "the supervisor finds a replaced cluster of its name (handover): ListClusters has no resource type"
+    ),
 }  # fmt: skip
 # Resource policies (key, bucket, topic, secret policies) are not identity grants: "*" there means
 # "this resource". They are checked by cdk-nag instead.

@@ -233,6 +233,19 @@ def test_step_functions_and_the_supervisor_touch_steps_of_this_cluster_only(synt
             actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
             if any(a.startswith("elasticmapreduce:") for a in actions):
                 emr_statements.append(statement)
+    # The supervisor's handover (step_supervisor/handler.py): finding a replaced cluster of its name,
+    # and listing and interrupting steps only on a cluster tagged with that name.
+    handover = [s for s in emr_statements if "Condition" in s or s["Resource"] == "*"]
+    emr_statements = [s for s in emr_statements if s not in handover]
+    assert sorted(json.dumps(s["Action"]) for s in handover) == [
+        '"elasticmapreduce:ListClusters"',
+        '["elasticmapreduce:CancelSteps", "elasticmapreduce:ListSteps"]',
+    ]
+    (tagged,) = [s for s in handover if "Condition" in s]
+    name = synthesized.config.resource_name("emr")
+    assert tagged["Condition"] == {
+        "StringEquals": {"elasticmapreduce:ResourceTag/lakehouse-emr-cluster": name}
+    }
     # supervisor + report, maintain, verify (+ gendata in dev)
     assert len(emr_statements) == 4 + synthesized.config.jobs.deploy_gendata
     for statement in emr_statements:

@@ -538,6 +538,173 @@ def test_handler_on_a_terminated_cluster_does_nothing(aws):
     assert [a["action"] for a in summary["actions"]] == ["note"]
 
 
+# --- handover between clusters (a replaced cluster that still runs) --------------------------
+
+
+def test_steps_on_another_cluster_of_this_name_are_interrupted_and_nothing_starts_until_they_stop():
+    old_ingest = step("RUNNING", version="v1")
+    old_views = step("PENDING", job="views", version="v1")
+    elsewhere = [sup.OtherCluster("j-OLD", (old_ingest, old_views))]
+    actions = sup.plan([spec("ingest"), spec("cdc")], [], "WAITING", NOW, POLICY, elsewhere=elsewhere)
+    assert kinds(actions) == ["Cancel", "Cancel", "Wait", "Wait"]
+    assert [(a.cluster_id, a.step_id) for a in actions[:2]] == [
+        ("j-OLD", old_ingest.step_id),
+        ("j-OLD", old_views.step_id),
+    ]
+    assert all("j-OLD" in a.reason for a in actions[2:])
+
+    # Interrupted (CANCEL_PENDING): nothing is cancelled twice, and still nothing starts here.
+    stopping = sup.ObservedStep(**{**old_ingest.__dict__, "state": "CANCEL_PENDING"})
+    actions = sup.plan(
+        [spec("ingest")], [], "WAITING", NOW, POLICY, elsewhere=[sup.OtherCluster("j-OLD", (stopping,))]
+    )
+    assert kinds(actions) == ["Wait"]
+
+    # Gone (or only hand-made steps left there): this cluster starts its jobs.
+    assert kinds(
+        sup.plan([spec("ingest")], [], "WAITING", NOW, POLICY, elsewhere=[sup.OtherCluster("j-OLD", ())])
+    ) == ["Start"]
+
+
+def test_a_same_named_cluster_whose_steps_cannot_be_listed_holds_the_start():
+    actions = sup.plan(
+        [spec()], [], "WAITING", NOW, POLICY, elsewhere=[sup.OtherCluster("j-OLD", (), readable=False)]
+    )
+    assert kinds(actions) == ["Wait"]
+    assert "terminate it" in actions[0].reason and "j-OLD" in actions[0].reason
+
+
+def test_the_handover_keeps_what_already_runs_here():
+    mine = step("RUNNING")
+    theirs = step("RUNNING", version="v1")
+    actions = sup.plan(
+        [spec()], [mine], "RUNNING", NOW, POLICY, elsewhere=[sup.OtherCluster("j-OLD", (theirs,))]
+    )
+    assert actions == [
+        sup.Cancel("ingest", theirs.step_id, theirs.name, "handover to the deployed cluster", "j-OLD"),
+        sup.Keep("ingest", mine.step_id),
+    ]
+
+
+class HandoverEmr:
+    """moto's EMR plus CancelSteps (moto has none), applied to moto's steps the way EMR does it, and
+    an AccessDenied on ListSteps of the clusters named in `denied` (as the role's tag condition does)."""
+
+    def __init__(self, denied: frozenset[str] = frozenset()) -> None:
+        self._client = boto3.client("emr", region_name=REGION)
+        self._denied = denied
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
+
+    def get_paginator(self, name: str):
+        paginator = self._client.get_paginator(name)
+        if name != "list_steps":
+            return paginator
+        denied = self._denied
+
+        class Guarded:
+            def paginate(self, **kwargs):
+                if kwargs["ClusterId"] in denied:
+                    error = {"Error": {"Code": "AccessDeniedException", "Message": "not authorized"}}
+                    raise ClientError(error, "ListSteps")
+                return paginator.paginate(**kwargs)
+
+        return Guarded()
+
+    def cancel_steps(self, ClusterId, StepIds, StepCancellationOption):  # noqa: N803 - boto3's names
+        return RacingEmr.cancel_steps(self, ClusterId, StepIds, StepCancellationOption)
+
+
+def _second_cluster(emr, name: str) -> str:
+    return emr.run_job_flow(
+        Name=name,
+        ReleaseLabel="emr-7.14.0",
+        Instances={
+            "MasterInstanceType": "m7g.xlarge",
+            "InstanceCount": 1,
+            "KeepJobFlowAliveWhenNoSteps": True,
+        },
+        JobFlowRole="EMR_EC2_DefaultRole",
+        ServiceRole="EMR_DefaultRole",
+    )["JobFlowId"]
+
+
+def test_a_replaced_cluster_hands_its_steps_over(aws, monkeypatch):
+    """The deploy replaced the cluster; the old one (termination-protected in prod) still runs the last
+    release's steps. The new cluster's supervisor interrupts them and starts its own once they stopped."""
+    emr, new_id = aws["emr"], aws["cluster_id"]
+    monkeypatch.setenv("CLUSTER_NAME", "lakehouse")
+    old_id = _second_cluster(emr, "lakehouse")
+    other_env = _second_cluster(emr, "lakehouse-other")  # another environment's cluster: not touched
+    jar = {"Jar": "command-runner.jar", "Args": ["spark-submit", "old.py"]}
+    for cluster in (old_id, other_env):
+        emr.add_job_flow_steps(
+            JobFlowId=cluster,
+            Steps=[{"Name": f"lakehouse-{job}@v1", "ActionOnFailure": "CONTINUE", "HadoopJarStep": jar}
+                   for job in ("ingest", "cdc-apply")],
+        )  # fmt: skip
+    backend = emr_backends[DEFAULT_ACCOUNT_ID][REGION]
+    for fake in backend.clusters[old_id].steps:
+        fake.state = "RUNNING"
+    settings = sup.settings_from_env(os.environ)
+    sns = boto3.client("sns", region_name=REGION)
+
+    first = sup.reconcile(settings, HandoverEmr(), sns, datetime.now(UTC))
+    assert [(a["action"], a.get("cluster_id")) for a in first["actions"]] == [
+        ("cancel", old_id), ("cancel", old_id), ("wait", None), ("wait", None)
+    ]  # fmt: skip
+    assert emr.list_steps(ClusterId=new_id)["Steps"] == []
+    assert {s["Status"]["State"] for s in emr.list_steps(ClusterId=old_id)["Steps"]} == {"CANCEL_PENDING"}
+    # moto runs the first step it gets; neither is cancelled.
+    assert {s["Status"]["State"] for s in emr.list_steps(ClusterId=other_env)["Steps"]} <= {
+        "PENDING",
+        "RUNNING",
+    }
+
+    # Still stopping: no second cancel, no start.
+    second = sup.reconcile(settings, HandoverEmr(), sns, datetime.now(UTC))
+    assert [a["action"] for a in second["actions"]] == ["wait", "wait"]
+
+    for fake in backend.clusters[old_id].steps:  # each job committed its batch and exited
+        fake.state = "CANCELLED"
+    third = sup.reconcile(settings, HandoverEmr(), sns, datetime.now(UTC))
+    assert [a["action"] for a in third["actions"]] == ["start", "start"]
+    assert len(emr.list_steps(ClusterId=new_id)["Steps"]) == 2
+
+
+def test_an_old_cluster_without_the_environment_tag_holds_the_start_until_it_is_terminated(aws, monkeypatch):
+    emr = aws["emr"]
+    monkeypatch.setenv("CLUSTER_NAME", "lakehouse")
+    old_id = _second_cluster(emr, "lakehouse")
+    settings = sup.settings_from_env(os.environ)
+    sns = boto3.client("sns", region_name=REGION)
+    held = sup.reconcile(settings, HandoverEmr(denied=frozenset({old_id})), sns, datetime.now(UTC))
+    assert [a["action"] for a in held["actions"]] == ["wait", "wait"]
+    assert "terminate it" in held["actions"][0]["reason"]
+    emr.terminate_job_flows(JobFlowIds=[old_id])
+    after = sup.reconcile(settings, HandoverEmr(denied=frozenset({old_id})), sns, datetime.now(UTC))
+    assert [a["action"] for a in after["actions"]] == ["start", "start"]
+
+
+def test_other_errors_listing_another_cluster_fail_the_invocation(aws, monkeypatch):
+    monkeypatch.setenv("CLUSTER_NAME", "lakehouse")
+    old_id = _second_cluster(aws["emr"], "lakehouse")
+
+    class Throttled(HandoverEmr):
+        def get_paginator(self, name):
+            if name == "list_steps":
+                raise ClientError(
+                    {"Error": {"Code": "ThrottlingException", "Message": "slow down"}}, "ListSteps"
+                )
+            return super().get_paginator(name)
+
+    settings = sup.settings_from_env(os.environ)
+    with pytest.raises(ClientError, match="Throttling"):
+        sup.other_clusters(Throttled(), settings.cluster_name, settings.cluster_id)
+    assert old_id
+
+
 # --- executor with Stubber (cancel_steps is not in moto; API failures) ------------------------
 
 

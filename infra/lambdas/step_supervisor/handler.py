@@ -20,12 +20,21 @@ during a deploy) cancels the other's step and the other cancels its own: both st
 invocation (their CANCELLED events, or the schedule) starts the desired version alone, so two
 versions of a job never run side by side. Racing give-ups may alert twice; nothing else repeats.
 
-Environment: CLUSTER_ID, STREAMING_STEPS_S3_URI (a JSON list of {job, version, args} in S3; or
-STREAMING_STEPS inline, with names),
-ALERT_TOPIC_ARN, and optionally MAX_FAILURES_PER_HOUR (5), BACKOFF_BASE_SECONDS (30),
-BACKOFF_MAX_SECONDS (900), SCHEDULE_PERIOD_SECONDS (300, the schedule's rate).
+Handover between clusters (CLUSTER_NAME set): a deploy that replaces the cluster creates the new one
+before CloudFormation deletes the old, and prod's old cluster is termination-protected, so it may
+run on. Its streaming steps (the previous release's) would write the same tables, topic offsets and
+binlog position as this cluster's. So steps of supervised jobs on any other live cluster of the same
+name are interrupted (SEND_INTERRUPT: each job commits its batch and exits), and no step starts here
+while one of them is active. A same-named cluster whose steps this role may not list (a cluster of a
+release before the tag `lakehouse-emr-cluster`) holds the start until an operator terminates it.
+
+Environment: CLUSTER_ID, CLUSTER_NAME (optional: the handover), STREAMING_STEPS_S3_URI (a JSON
+list of {job, version, args} in S3; or STREAMING_STEPS inline, with names), ALERT_TOPIC_ARN, and
+optionally MAX_FAILURES_PER_HOUR (5), BACKOFF_BASE_SECONDS (30), BACKOFF_MAX_SECONDS (900),
+SCHEDULE_PERIOD_SECONDS (300, the schedule's rate).
 IAM: elasticmapreduce:DescribeCluster, ListSteps, AddJobFlowSteps, CancelSteps, AddTags on the
-cluster; sns:Publish on the topic.
+cluster; ListClusters, and ListSteps and CancelSteps on clusters tagged with its name (the
+handover); sns:Publish on the topic.
 """
 
 from __future__ import annotations
@@ -100,6 +109,16 @@ class Cancel:
     step_id: str
     name: str
     reason: str
+    cluster_id: str | None = None  # None: the supervised cluster; else another cluster (handover)
+
+
+@dataclass(frozen=True)
+class OtherCluster:
+    """A live cluster with this cluster's name: a replaced one that still runs, typically."""
+
+    cluster_id: str
+    steps: tuple[ObservedStep, ...]  # its active supervised steps
+    readable: bool = True  # False: this role may not list its steps (it lacks the lakehouse-emr-cluster tag)
 
 
 @dataclass(frozen=True)
@@ -139,9 +158,11 @@ def plan(
     now: datetime,
     policy: Policy,
     alerted: Mapping[str, str] | None = None,
+    elsewhere: Sequence[OtherCluster] = (),
 ) -> list[Action]:
     """The actions that bring the cluster's steps to `desired`. `alerted` maps a job to the step
-    id of the failure whose give-up alert was already sent (read from the cluster's tags)."""
+    id of the failure whose give-up alert was already sent (read from the cluster's tags).
+    `elsewhere`: the other live clusters of this name (module docstring: handover)."""
     if cluster_state not in LIVE_CLUSTER_STATES:
         return [Note(f"cluster is {cluster_state}: nothing to supervise")]
     alerted = alerted or {}
@@ -153,7 +174,36 @@ def plan(
     for step in observed:
         if step.job not in desired_jobs and step.state in CANCELLABLE_STATES:
             actions.append(Cancel(step.job, step.step_id, step.name, "job is no longer deployed"))
-    return actions
+    return _hand_over(actions, elsewhere)
+
+
+def _hand_over(actions: list[Action], elsewhere: Sequence[OtherCluster]) -> list[Action]:
+    """While another cluster of this name may run supervised steps, interrupt those and start
+    nothing here: two releases' jobs on the same tables, offsets and binlog would each stop the
+    other's commits (or worse). Steps already running here are left alone."""
+    holding = [c for c in elsewhere if not c.readable or any(s.state in ACTIVE_STATES for s in c.steps)]
+    if not holding:
+        return actions
+    cancels: list[Action] = [
+        Cancel(step.job, step.step_id, step.name, "handover to the deployed cluster", other.cluster_id)
+        for other in holding
+        for step in other.steps
+        if step.state in CANCELLABLE_STATES
+    ]
+    reasons = []
+    for other in holding:
+        if other.readable:
+            ids = ", ".join(step.step_id for step in other.steps if step.state in ACTIVE_STATES)
+            reasons.append(f"cluster {other.cluster_id} still runs {ids} (interrupted; they commit and stop)")
+        else:
+            reasons.append(
+                f"cluster {other.cluster_id} has this cluster's name and its steps cannot be listed (a "
+                "release before the tag lakehouse-emr-cluster): terminate it (prod: lift its termination "
+                "protection first)"
+            )
+    reason = "handover: " + "; ".join(reasons)
+    held = [Wait(a.spec.job, reason) if isinstance(a, Start) else a for a in actions]
+    return cancels + held
 
 
 def _plan_job(
@@ -240,6 +290,7 @@ class Settings:
     alert_topic_arn: str
     desired: tuple[StepSpec, ...]
     policy: Policy = field(default_factory=Policy)
+    cluster_name: str | None = None  # set: hand over from other live clusters of this name
 
 
 def settings_from_env(environ: Mapping[str, str], s3=None) -> Settings:
@@ -259,7 +310,13 @@ def settings_from_env(environ: Mapping[str, str], s3=None) -> Settings:
         backoff_max=timedelta(seconds=int(environ.get("BACKOFF_MAX_SECONDS", "900"))),
         schedule_period=timedelta(seconds=int(environ.get("SCHEDULE_PERIOD_SECONDS", "300"))),
     )
-    return Settings(environ["CLUSTER_ID"], environ["ALERT_TOPIC_ARN"], desired, policy)
+    return Settings(
+        environ["CLUSTER_ID"],
+        environ["ALERT_TOPIC_ARN"],
+        desired,
+        policy,
+        environ.get("CLUSTER_NAME") or None,
+    )
 
 
 def step_spec(item: Mapping[str, Any]) -> StepSpec:
@@ -331,6 +388,27 @@ def list_relevant_steps(emr, cluster_id: str, created_since: datetime) -> list[d
     return list(by_id.values())
 
 
+def other_clusters(emr, name: str, own_id: str) -> list[OtherCluster]:
+    """The live clusters named `name` other than `own_id`, each with its active supervised steps."""
+    found = []
+    paginator = emr.get_paginator("list_clusters")
+    for page in paginator.paginate(ClusterStates=sorted(LIVE_CLUSTER_STATES)):
+        for cluster in page["Clusters"]:
+            if cluster.get("Name") != name or cluster["Id"] == own_id:
+                continue
+            try:
+                summaries = list_active_steps(emr, cluster["Id"])
+            except Exception as error:
+                code = (getattr(error, "response", None) or {}).get("Error", {}).get("Code", "")
+                if not code.startswith("AccessDenied"):
+                    raise
+                found.append(OtherCluster(cluster["Id"], (), readable=False))
+                continue
+            steps = tuple(step for step in map(observed_step, summaries) if step is not None)
+            found.append(OtherCluster(cluster["Id"], steps))
+    return found
+
+
 def reconcile(settings: Settings, emr, sns, now: datetime) -> dict:
     cluster = emr.describe_cluster(ClusterId=settings.cluster_id)["Cluster"]
     cluster_state = cluster["Status"]["State"]
@@ -344,6 +422,9 @@ def reconcile(settings: Settings, emr, sns, now: datetime) -> dict:
         since = now - FAILURE_WINDOW - settings.policy.schedule_period
         summaries = list_relevant_steps(emr, settings.cluster_id, since)
         observed = [step for step in map(observed_step, summaries) if step is not None]
+    elsewhere: list[OtherCluster] = []
+    if settings.cluster_name and cluster_state in LIVE_CLUSTER_STATES:
+        elsewhere = other_clusters(emr, settings.cluster_name, settings.cluster_id)
 
     results, errors = [], []
 
@@ -362,7 +443,8 @@ def reconcile(settings: Settings, emr, sns, now: datetime) -> dict:
             results.append(result)
         return done
 
-    done = execute(plan(settings.desired, observed, cluster_state, now, settings.policy, alerted))
+    actions = plan(settings.desired, observed, cluster_state, now, settings.policy, alerted, elsewhere)
+    done = execute(actions)
     started = [action.spec for action in done if isinstance(action, Start)]
     if started:
         # Another invocation may have started the same jobs meanwhile: converge on one step each.
@@ -390,7 +472,9 @@ def _execute(action: Action, settings: Settings, cluster: Mapping[str, Any], emr
     elif isinstance(action, Cancel):
         # SEND_INTERRUPT lets the streaming query stop at a batch boundary.
         response = emr.cancel_steps(
-            ClusterId=settings.cluster_id, StepIds=[action.step_id], StepCancellationOption="SEND_INTERRUPT"
+            ClusterId=action.cluster_id or settings.cluster_id,
+            StepIds=[action.step_id],
+            StepCancellationOption="SEND_INTERRUPT",
         )
         info = (response.get("CancelStepsInfoList") or [{}])[0]
         record["cancel_status"] = info.get("Status")
