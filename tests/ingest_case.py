@@ -47,8 +47,9 @@ class Case:
             f"lakehouse.{self.rejects}",
         ]
 
-    def produce(self, payloads: list[bytes]) -> list[tuple[int, int, bytes]]:
-        """Send round-robin over the partitions; returns (partition, offset, payload) per record."""
+    def produce(self, payloads: list[bytes], partition: int | None = None) -> list[tuple[int, int, bytes]]:
+        """Send round-robin over the partitions (or all to `partition`, a hot one); returns
+        (partition, offset, payload) per record."""
         from confluent_kafka import Producer
 
         producer = Producer(producer_config(self.config))
@@ -59,7 +60,8 @@ class Case:
             delivered.append((msg.partition(), msg.offset(), msg.value()))
 
         for i, raw in enumerate(payloads):
-            producer.produce(self.topic, raw, partition=i % PARTITIONS, on_delivery=on_delivery)
+            to = i % PARTITIONS if partition is None else partition
+            producer.produce(self.topic, raw, partition=to, on_delivery=on_delivery)
             producer.poll(0)
         assert producer.flush(60) == 0
         return delivered
@@ -81,6 +83,7 @@ class Case:
         max_records_per_partition: int | None = None,
         rejects_commit_seconds: float | None = None,
         read_by: str | None = None,
+        min_split_records: int | None = None,
     ):
         """The job's batch loop object, in this process (prepared: offsets read). `read_by`
         "driver" or "tasks" makes every batch read that way (default: by the batch's size)."""
@@ -93,6 +96,8 @@ class Case:
             fetch = dataclasses.replace(fetch, max_records_per_partition=max_records_per_partition)
         if read_by is not None:
             fetch = dataclasses.replace(fetch, driver_max_records={"driver": 10**12, "tasks": -1}[read_by])
+        if min_split_records is not None:
+            fetch = dataclasses.replace(fetch, min_split_records=min_split_records)
         settings = IngestSettings(
             topic=self.topic,
             fact_table=f"lakehouse.{self.fact}",

@@ -6,6 +6,7 @@ takes an empty fetch for the end."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import pytest
 
@@ -18,6 +19,7 @@ from jobs.ingest.job import (
 )
 from jobs.ingest.kafka_source import (
     FETCHED_RECORD,
+    BrokerUnavailable,
     FetchSettings,
     OffsetRange,
     _arrow_stats,
@@ -27,6 +29,7 @@ from jobs.ingest.kafka_source import (
     plan_frame,
     plan_ranges,
     planned_records,
+    split_ranges,
 )
 
 
@@ -55,6 +58,9 @@ class ScriptedReader:
         self.position, self.warm, self.assigned_at, self.errors = start, True, time.monotonic() - 10, []
         self._script = list(script)
         self.polls: list[tuple[int, float]] = []  # (count asked for, timeout) per poll
+
+    def past(self, offset: int) -> bool:
+        return self.position >= offset
 
     def consume(self, count: int, timeout: float) -> list[Message]:
         self.polls.append((count, timeout))
@@ -249,3 +255,73 @@ def test_a_stop_request_or_no_watermark_ends_the_batch_at_once():
     unknown = ScriptedIngest([(0, {})] * 3)
     assert unknown.run_batch() == 0
     assert unknown.calls == 1
+
+
+# ---- a hot partition's backlog split over several tasks -------------------------------------------
+
+
+def _covered(ranges: list[OffsetRange], partition: int) -> Counter:
+    """Every offset the pieces of `partition` read up to their minimum ends, as a multiset."""
+    return Counter(o for r in ranges if r.partition == partition for o in range(r.start, r.min_end))
+
+
+def test_one_hot_partition_is_split_into_contiguous_exact_pieces_one_per_core():
+    watermarks = {0: 181_000, 1: 50, 2: 0}
+    ranges = plan_ranges("t", [0, 1, 2], {0: 1_000, 1: 50, 2: 0}, 200_000, watermarks)
+    split = split_ranges(ranges, watermarks, tasks=4, min_piece=10_000)
+    hot = [r for r in split if r.partition == 0]
+    assert len(hot) == 4
+    # Each offset of the backlog once, nothing past it, and every piece but the last has an exact end.
+    assert _covered(split, 0) == Counter(range(1_000, 181_000))
+    assert all(r.end == r.min_end == r.start + r.max_records for r in hot[:-1])
+    assert hot[-1].end == 0 and hot[-1].min_end == 181_000
+    assert hot[-1].start + hot[-1].max_records == 1_000 + 200_000  # the batch's cap is unchanged
+    assert [r for r in split if r.partition != 0] == ranges[1:]  # idle partitions untouched
+
+
+def test_backlogs_are_split_in_proportion_and_never_below_the_minimum_piece():
+    watermarks = {0: 90_000, 1: 30_000}
+    ranges = plan_ranges("t", [0, 1], {0: 0, 1: 0}, 200_000, watermarks)
+    split = split_ranges(ranges, watermarks, tasks=8, min_piece=10_000)
+    assert Counter(r.partition for r in split) == {0: 6, 1: 2}
+    assert _covered(split, 0) == Counter(range(90_000)) and _covered(split, 1) == Counter(range(30_000))
+    small = split_ranges(ranges, watermarks, tasks=8, min_piece=40_000)
+    assert Counter(r.partition for r in small) == {0: 2, 1: 1}
+
+
+@pytest.mark.parametrize(
+    ("starts", "watermarks", "tasks"),
+    [
+        ({0: 0, 1: 0}, {0: 100_000, 1: 100_000}, 2),  # as many busy partitions as cores
+        ({0: 0, 1: 0}, {0: 100_000}, 2),  # partition 1's size is unknown: it takes a core
+        ({0: 0, 1: 0}, {0: 15_000, 1: 0}, 2),  # too small to be worth a second task
+    ],
+)
+def test_ranges_stay_whole_when_splitting_gains_nothing(starts, watermarks, tasks):
+    ranges = plan_ranges("t", [0, 1], starts, 200_000, watermarks)
+    assert split_ranges(ranges, watermarks, tasks, min_piece=10_000) == ranges
+
+
+class GreedyReader(ScriptedReader):
+    """Returns what the script says whatever was asked for (as a consumer reading over offset gaps
+    can return records past the offset count it was asked for)."""
+
+    def consume(self, count: int, timeout: float) -> list[Message]:
+        return super().consume(10**9, timeout)
+
+
+def test_a_piece_reads_exactly_to_its_end_and_drops_what_was_prefetched_past_it():
+    plan = OffsetRange("t", 0, start=100, max_records=50, min_end=150, end=150)
+    reader = GreedyReader(100, [30, 40, 40])  # the second poll runs past the end
+    settings = FetchSettings(idle_poll_seconds=0.0, max_fetch_seconds=5)
+    batches = list(_read_range(reader, plan, settings))
+    offsets = [o for b in batches for o in b.column("kafka_offset").to_pylist()]
+    assert offsets == list(range(100, 150))
+
+
+def test_a_piece_that_stops_short_fails_the_batch_instead_of_leaving_a_hole():
+    plan = OffsetRange("t", 0, start=100, max_records=50, min_end=150, end=150)
+    reader = ScriptedReader(100, [1, 29])  # then nothing more arrives
+    settings = FetchSettings(idle_poll_seconds=0.0, max_fetch_seconds=0.3)
+    with pytest.raises(BrokerUnavailable, match="stopped at 130"):
+        list(_read_range(reader, plan, settings))

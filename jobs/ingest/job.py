@@ -67,6 +67,7 @@ from jobs.ingest.kafka_source import (
     plan_ranges,
     planned_records,
     read_here,
+    split_ranges,
 )
 from jobs.ingest.offsets import Offsets, advance, check_read_start, passes
 from jobs.ingest.products_dimension import ensure_products_dimension, read_products
@@ -136,7 +137,8 @@ class BatchResult:
     fact_commit_ms: float = 0.0
     committed: list[str] = field(default_factory=list)  # the tables this batch committed to
     lag_seconds: float | None = None
-    read_by: str = ""  # "driver" (a small batch) or "tasks" (a backlog): see kafka_source
+    # "driver" (a small batch), "tasks" (a backlog) or "tasks(N ranges)" (split): see kafka_source
+    read_by: str = ""
 
 
 # Empty fetches in a row, below the broker's watermark, before a batch reports "nothing new" (a topic
@@ -327,6 +329,18 @@ class ClickstreamIngest(StreamingJob):
                 if read_by == "driver":
                     batch, stats = read_here(self.spark, self._client_config_factory(), ranges, fetch)
                 else:
+                    tasks = self.spark.sparkContext.defaultParallelism
+                    busy = [r for r in ranges if r.partition not in self._watermarks or r.min_end > r.start]
+                    if len(busy) < tasks:
+                        # Fewer busy partitions than cores, as far as the cached watermarks tell: a
+                        # hot partition's backlog is split. Pieces need true ends, and cached
+                        # watermarks are only lower bounds (a backlog's batch is large: asking the
+                        # broker costs little here).
+                        self._watermarks = self._metadata.high_watermarks(topic, partitions)
+                        ranges = plan_ranges(topic, partitions, starts, cap, self._watermarks)
+                        ranges = split_ranges(ranges, self._watermarks, tasks, fetch.min_split_records)
+                    if len(ranges) > len(partitions):
+                        read_by = f"tasks({len(ranges)} ranges)"
                     close_readers(self._client_config_factory(), topic)
                     fetched = fetch_ranges(self.spark, self._client_config_factory, ranges, fetch)
                     # Materialized once: both tables and the end offsets come from the same

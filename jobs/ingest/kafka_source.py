@@ -83,6 +83,9 @@ class OffsetRange:
     start: int
     max_records: int
     min_end: int = 0  # read at least up to here (exclusive): the high watermark at planning time
+    # >0: a piece of a split partition (`split_ranges`): read exactly up to here (exclusive), never
+    # past it, and fail rather than stop short (the next piece starts here: a short read is a hole).
+    end: int = 0
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,10 @@ class FetchSettings:
     # (a steady stream's batches: hundreds to a few thousand); a backlog is read by tasks, in
     # parallel. A range without a known watermark makes the batch's size unknown: tasks read it.
     driver_max_records: int = 20_000
+    # A backlog read by tasks on fewer busy partitions than cores: each partition's known backlog
+    # is split into pieces of at least this many records, one task each (Spark's Kafka source does
+    # the same with `minPartitions`), so one hot partition does not cap the batch at one core.
+    min_split_records: int = 50_000
 
 
 def plan_ranges(
@@ -115,6 +122,35 @@ def plan_ranges(
         min_end = 0 if high is None else max(min(high, start + max_records), start)
         ranges.append(OffsetRange(topic, p, start, max_records, min_end))
     return ranges
+
+
+def split_ranges(
+    ranges: list[OffsetRange], high_watermarks: dict[int, int], tasks: int, min_piece: int
+) -> list[OffsetRange]:
+    """`ranges` with the known backlog (start..min_end) of busy partitions cut into exact pieces, so
+    the batch has about `tasks` ranges when fewer partitions than that have records. Each partition
+    gets pieces in proportion to its backlog, none smaller than `min_piece`; its last piece keeps the
+    range's open end (what arrives past the watermark, up to max_records). Pieces are contiguous:
+    together they read exactly what the unsplit range would have read up to its minimum end."""
+    backlog = {r.partition: r.min_end - r.start for r in ranges if r.min_end > r.start}
+    unknown = [r for r in ranges if r.partition not in high_watermarks]  # size unknown: left whole
+    if len(backlog) + len(unknown) >= tasks or not backlog or min_piece <= 0:
+        return ranges
+    total = sum(backlog.values())
+    split = []
+    for r in ranges:
+        size = backlog.get(r.partition, 0)
+        pieces = max(1, min(-(-size * tasks // total), size // min_piece))
+        if pieces == 1:
+            split.append(r)
+            continue
+        step = -(-size // pieces)
+        starts = [r.start + i * step for i in range(pieces) if i * step < size]
+        for a, b in itertools.pairwise(starts):
+            split.append(OffsetRange(r.topic, r.partition, a, b - a, b, end=b))
+        last = starts[-1]
+        split.append(replace(r, start=last, max_records=r.max_records - (last - r.start)))
+    return split
 
 
 def planned_records(ranges: list[OffsetRange], high_watermarks: dict[int, int]) -> int | None:
@@ -354,6 +390,15 @@ class _PartitionReader:
         if self.position != offset:
             self.position = None  # went past it: re-assign
 
+    def past(self, offset: int) -> bool:
+        """Whether the consumer's own position reached `offset`: it moves past control records
+        (transaction markers), which `consume` never returns."""
+        try:
+            (at,) = self.consumer.position([TopicPartition(self.topic, self.partition)])
+        except KafkaException:
+            return False
+        return at.offset >= offset
+
     def consume(self, count: int, timeout: float) -> list:
         messages = self.consumer.consume(count, timeout=timeout)
         for message in messages:
@@ -491,6 +536,7 @@ def _read_range(reader: _PartitionReader, plan: OffsetRange, settings: FetchSett
         first_poll = settings.idle_poll_seconds
     messages = reader.consume(1, first_poll)
     asked, past_min_end = 1, False
+    last_progress = time.monotonic()
     # A consumer just (re)assigned has no prefetched records yet and fetches in small steps at
     # first: a short poll then says nothing about being caught up, so until `first_poll_seconds`
     # after the assign a poll may wait that long to fill up.
@@ -503,10 +549,25 @@ def _read_range(reader: _PartitionReader, plan: OffsetRange, settings: FetchSett
                 if error.code() == KafkaError._PARTITION_EOF:
                     continue
                 raise BrokerUnavailable(f"fetch {plan.topic}[{plan.partition}] failed: {error}")
+            if plan.end and message.offset() >= plan.end:
+                continue  # the next piece's (prefetched past this piece's end)
             records.append(message)
         read += len(messages)
         if records:
             yield _arrow_batch(plan.partition, records)
+            last_progress = time.monotonic()
+        if plan.end:
+            if reader.position is not None and reader.position >= plan.end:
+                return
+            if time.monotonic() - last_progress >= settings.max_fetch_seconds and not reader.past(plan.end):
+                # The batch fails (and is retried) rather than commit a hole before the next piece.
+                raise BrokerUnavailable(
+                    f"{plan.topic}[{plan.partition}] piece {plan.start}..{plan.end} stopped at "
+                    f"{reader.position} for {settings.max_fetch_seconds:.0f} s"
+                )
+            requested = min(settings.poll_batch, plan.end - (reader.position or plan.start))
+            messages = reader.consume(max(requested, 1), settings.idle_poll_seconds)
+            continue
         # Below the minimum end every record exists: keep reading whatever a poll returns, asking
         # for no more than are left below it (a poll returns once it has what it asked for, so
         # reaching the end costs no wait). Past it, take what is already buffered, without
