@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from infra.capacity import CapacityTarget, plan_capacity
 from jobs.config import ConfigError
 
 DEPLOYABLE_ENVIRONMENTS: tuple[str, ...] = ("dev", "prod")
@@ -84,6 +85,11 @@ class KafkaSettings:
     topic_retention_hours: int
     # DEFAULT already has KafkaDataLogsDiskUsed (the disk alarm); PER_BROKER adds paid metrics.
     enhanced_monitoring: str
+    # From the capacity model (infra/capacity.py). Raising it on a deployed topic adds partitions
+    # in place (MSK updates a topic's partition count without recreating it); Kafka cannot remove
+    # any. Keys hash to other partitions from then on, and the ingest reads the new ones from
+    # offset 0 at its next batch (it asks the broker for the partitions every batch).
+    click_topic_partitions: int
 
 
 @dataclass(frozen=True)
@@ -332,6 +338,30 @@ class DeploymentConfig:
         )
 
 
+# The capacity targets (infra/capacity.py; docs/capacity.md): the values below derive from them.
+DEV_CAPACITY = CapacityTarget(
+    sustained_clicks_per_second=200,
+    outage_minutes=60,
+    catch_up_minutes=30,
+    headroom=1.5,
+    why="the data generator's demo rate; a parked or idle-terminated cluster catches up within the demo",
+)
+PROD_CAPACITY = CapacityTarget(
+    sustained_clicks_per_second=20_000,
+    outage_minutes=60,
+    catch_up_minutes=20,
+    headroom=2.0,
+    why=(
+        "a large retailer's peak hour (~1.7 billion clicks a day at that rate); an hour's outage (a "
+        "cluster replaced, a bad deploy rolled back) is read back within 20 minutes, inside the "
+        "freshness alarm's patience for a planned change, with twice the need for bursts"
+    ),
+)
+_DEV_BROKERS, _DEV_EXECUTOR_CORES = 2, 2
+_PROD_BROKERS, _PROD_EXECUTOR_CORES = 3, 4
+DEV_PLAN = plan_capacity(DEV_CAPACITY, _DEV_BROKERS, _DEV_EXECUTOR_CORES)
+PROD_PLAN = plan_capacity(PROD_CAPACITY, _PROD_BROKERS, _PROD_EXECUTOR_CORES)
+
 _DEV = DeploymentConfig(
     env_name="dev",
     account=None,
@@ -352,13 +382,14 @@ _DEV = DeploymentConfig(
     kafka=KafkaSettings(
         kafka_version=KAFKA_VERSION,
         broker_instance_type="kafka.t3.small",
-        broker_count=2,
+        broker_count=_DEV_BROKERS,
         broker_volume_gib=10,
         topic_replication_factor=2,
         min_insync_replicas=1,
         broker_log_retention_days=7,
         topic_retention_hours=168,
         enhanced_monitoring="DEFAULT",
+        click_topic_partitions=DEV_PLAN.partitions,
     ),
     source_database=SourceDatabaseSettings(
         instance_class="t4g.micro",
@@ -404,7 +435,7 @@ _DEV = DeploymentConfig(
         # m5.xlarge: 4 vCPU, ~12 GiB for YARN per node; core + one Spot task node = 8 vCPU, 24 GiB.
         # Streaming: driver (~2.4 GiB with overhead) + 2 x 2.4 GiB; batch jobs beside it: the same
         # again, so both fit on the two nodes and managed scaling has no reason to add more.
-        streaming_resources=SparkResources("2g", "2g", 2, max_executors=2),
+        streaming_resources=SparkResources("2g", "2g", _DEV_EXECUTOR_CORES, max_executors=2),
         batch_resources=SparkResources("2g", "2g", 2, max_executors=2),
         deploy_gendata=True,
     ),
@@ -429,13 +460,14 @@ _PROD = replace(
     kafka=KafkaSettings(
         kafka_version=KAFKA_VERSION,
         broker_instance_type="kafka.m7g.large",
-        broker_count=3,
+        broker_count=_PROD_BROKERS,
         broker_volume_gib=200,
         topic_replication_factor=3,
         min_insync_replicas=2,
         broker_log_retention_days=90,
         topic_retention_hours=168,
         enhanced_monitoring="PER_BROKER",
+        click_topic_partitions=PROD_PLAN.partitions,
     ),
     source_database=SourceDatabaseSettings(
         instance_class="m7g.large",
@@ -478,8 +510,11 @@ _PROD = replace(
         log_retention_days=90,
         one_streaming_application=False,
         # m5.2xlarge: 8 vCPU, ~24 GiB for YARN per node; 3 core + 1 task = 32 vCPU, 96 GiB. Three
-        # streaming applications at up to 2 x (4 cores, 8 GiB) each, batch jobs up to 3 executors.
-        streaming_resources=SparkResources("4g", "8g", 4, max_executors=2),
+        # streaming applications at up to N x (4 cores, 8 GiB) each (N: what the capacity model
+        # gives the ingest), batch jobs up to 3 executors.
+        streaming_resources=SparkResources(
+            "4g", "8g", _PROD_EXECUTOR_CORES, max_executors=PROD_PLAN.ingest_executors
+        ),
         batch_resources=SparkResources("4g", "8g", 4, max_executors=3),
         deploy_gendata=False,
     ),

@@ -26,7 +26,7 @@ SEED_PRODUCT_NAMES = {str(i): f"test0{i}" for i in range(1, 10)}  # MariaDB seed
 class Case:
     """A fresh topic and fresh fact/rejects tables for one test."""
 
-    def __init__(self, config, name: str) -> None:
+    def __init__(self, config, name: str, partitions: int = PARTITIONS) -> None:
         suffix = f"{name}_{uuid.uuid4().hex[:6]}"
         self.config = config
         self.topic = f"clicks_{suffix}"
@@ -35,7 +35,7 @@ class Case:
         from confluent_kafka.admin import AdminClient, NewTopic
 
         admin = AdminClient({"bootstrap.servers": config.kafka.bootstrap})
-        admin.create_topics([NewTopic(self.topic, PARTITIONS, 1)])[self.topic].result(timeout=30)
+        admin.create_topics([NewTopic(self.topic, partitions, 1)])[self.topic].result(timeout=30)
 
     def job_args(self) -> list[str]:
         return [
@@ -47,8 +47,10 @@ class Case:
             f"lakehouse.{self.rejects}",
         ]
 
-    def produce(self, payloads: list[bytes], partition: int | None = None) -> list[tuple[int, int, bytes]]:
-        """Send round-robin over the partitions (or all to `partition`, a hot one); returns
+    def produce(
+        self, payloads: list[bytes], partition: int | None = None, partitions: int = PARTITIONS
+    ) -> list[tuple[int, int, bytes]]:
+        """Send round-robin over `partitions` (or all to `partition`, a hot one); returns
         (partition, offset, payload) per record."""
         from confluent_kafka import Producer
 
@@ -60,7 +62,7 @@ class Case:
             delivered.append((msg.partition(), msg.offset(), msg.value()))
 
         for i, raw in enumerate(payloads):
-            to = i % PARTITIONS if partition is None else partition
+            to = i % partitions if partition is None else partition
             producer.produce(self.topic, raw, partition=to, on_delivery=on_delivery)
             producer.poll(0)
         assert producer.flush(60) == 0

@@ -248,6 +248,53 @@ def test_sigterm_finishes_and_commits_the_current_batch(lake_config, catalog, tm
     assert keys(case.rows(case.rejects, catalog)) == sorted((p, o) for p, o, kind in below if kind != VALID)
 
 
+def test_partitions_added_while_ingesting_are_read_from_their_start_without_a_restart(
+    spark, lake_config, catalog, monkeypatch
+):
+    """An operator raises the topic's partitions (infra/config.py: the capacity model) while the
+    ingest runs: the running job picks the new partitions up at its next batch, from offset 0, and
+    every record lands once.
+
+    The local broker has no CreatePartitions (tansu 0.6.0: "not supported by broker"), so the topic
+    is made with 5 partitions and the broker's metadata answers 3 until the moment they are "added",
+    which is all a consumer can see of it on Kafka."""
+    from jobs.common.run_modes import RunMode, StopRequest, run_batches
+    from jobs.ingest.kafka_source import TopicMetadata
+
+    case = Case(lake_config, "add_partitions", partitions=5)
+    visible = {"count": 3}
+    real_partitions = TopicMetadata.partitions
+    monkeypatch.setattr(
+        TopicMetadata, "partitions", lambda self, topic: real_partitions(self, topic)[: visible["count"]]
+    )
+    records = list(generate_records(6000, seed=43, bad_ratio=0.05))
+    kinds = {r.payload: r.kind for r in records}
+    payloads = [r.payload for r in records]
+    ingest = case.new_ingest(spark)
+    delivered: list = []
+    stop = StopRequest()
+    runner = threading.Thread(
+        target=lambda: run_batches(ingest.run_batch, RunMode(0.2, False, 0), stop), daemon=True
+    )
+    runner.start()
+    delivered += case.produce(payloads[:2000])
+    wait_until = time.monotonic() + 120
+    while len(case.rows(case.fact, catalog)) < 1000 and time.monotonic() < wait_until:
+        time.sleep(0.5)  # the job has committed from the first three partitions
+    visible["count"] = 5  # the partitions are added
+    delivered += case.produce(payloads[2000:], partitions=5)
+    assert {p for p, *_ in delivered} == {0, 1, 2, 3, 4}
+    valid = sum(1 for r in records if r.kind == VALID)
+    wait_until = time.monotonic() + 120
+    while len(case.rows(case.fact, catalog)) < valid:  # the rejects are held until the stop
+        assert time.monotonic() < wait_until, "the new partitions' records never landed"
+        time.sleep(0.5)
+    stop.set()
+    runner.join(60)
+    ingest.finish()
+    assert_exactly_once(case, catalog, [(p, o, kinds[raw], raw) for p, o, raw in delivered])
+
+
 def test_broker_stopped_and_restarted_mid_run_loses_nothing(local_stack, lake_config, catalog):
     from lakehouse.local.settings import load_or_create_secrets
 

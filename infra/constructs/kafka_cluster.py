@@ -96,6 +96,8 @@ class KafkaCluster(Construct):
                     "auto.create.topics.enable=false",
                     f"default.replication.factor={settings.topic_replication_factor}",
                     f"min.insync.replicas={settings.min_insync_replicas}",
+                    # Only for auto-created topics (off). Kept: a changed configuration is a new
+                    # revision, which restarts every broker.
                     f"num.partitions={CLICK_TOPIC_PARTITIONS}",
                     f"log.retention.hours={settings.topic_retention_hours}",
                 ]
@@ -156,7 +158,7 @@ class KafkaCluster(Construct):
             "ClickTopic",
             cluster_arn=self.cluster_arn,
             topic_name=CLICK_TOPIC,
-            partition_count=CLICK_TOPIC_PARTITIONS,
+            partition_count=settings.click_topic_partitions,
             replication_factor=settings.topic_replication_factor,
         )
         self.topic.apply_removal_policy(removal_policy)  # deleting the topic would delete its clicks

@@ -247,7 +247,7 @@ def test_click_topic_created_at_deploy_and_brokers_published(synthesized):
         "AWS::MSK::Topic",
         {
             "TopicName": CLICK_TOPIC,
-            "PartitionCount": CLICK_TOPIC_PARTITIONS,
+            "PartitionCount": synthesized.config.kafka.click_topic_partitions,
             "ReplicationFactor": synthesized.config.kafka.topic_replication_factor,
         },
     )
@@ -258,10 +258,27 @@ def test_click_topic_created_at_deploy_and_brokers_published(synthesized):
         },
     )
     assert "BootstrapBrokers" in json.dumps(template.to_json()["Outputs"])
+
     assert "getBootstrapBrokers" in json.dumps(template.find_resources("Custom::AWS"))
 
 
 # ---- source database ------------------------------------------------------------------------
+
+
+def test_partitions_and_ingest_executors_come_from_the_capacity_model(synthesized):
+    """Each environment's topic and streaming executors are what its capacity target gives
+    (infra/capacity.py), resolved from the synthesized templates, never fewer partitions than the
+    topics were created with (Kafka cannot remove one)."""
+    from infra.config import DEV_PLAN, PROD_PLAN
+
+    plan = {"dev": DEV_PLAN, "prod": PROD_PLAN}[synthesized.config.env_name]
+    (topic,) = synthesized.template("Streaming").find_resources("AWS::MSK::Topic").values()
+    partitions = topic["Properties"]["PartitionCount"]
+    assert partitions == plan.partitions >= CLICK_TOPIC_PARTITIONS
+    assert partitions % synthesized.config.kafka.broker_count == 0 or partitions == CLICK_TOPIC_PARTITIONS
+    if not synthesized.config.jobs.one_streaming_application:  # prod: the ingest is a step of its own
+        # (test_infra_jobs.py checks that every step is submitted with these resources)
+        assert synthesized.config.jobs.streaming_resources.max_executors == plan.ingest_executors
 
 
 def instance_parameters(env) -> dict:
