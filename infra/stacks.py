@@ -32,6 +32,7 @@ from infra.emr_package import architectures_for
 from infra.emr_steps import JobArtifacts
 from infra.log_groups import LogGroupPolicy
 from infra.nag import acknowledge
+from infra.retained_guards import RetainedGuards
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BOOTSTRAP_DIR = REPO_ROOT / "bootstrap"
@@ -351,6 +352,7 @@ class LakehouseStacks:
                 LogGroupPolicy(removal_policy(config.removal_policy), config.log_retention_cap_days)
             )
             Aspects.of(stack).add(AcceptedLambdaFindings())
+            Aspects.of(stack).add(RetainedGuards())
             Tags.of(stack).add("project", "lakehouse")
             Tags.of(stack).add("environment", config.env_name)
 

@@ -26,6 +26,18 @@ SECURITY_PREFIX = "security"  # the EMR TLS certificate zip (infra.config.EMR_TL
 OBJECT_READ_ACTIONS = ("s3:GetObject", "s3:GetObjectVersion")
 OBJECT_WRITE_ACTIONS = ("s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload")
 BUCKET_READ_ACTIONS = ("s3:ListBucket", "s3:GetBucketLocation")
+# What the guards deny to all but the roles they name: the plain actions and those replication
+# reads and writes objects with (a role allowed s3:* has them too). Granted to nobody.
+GUARDED_READ_ACTIONS = (*OBJECT_READ_ACTIONS, "s3:GetObjectVersionForReplication")
+GUARDED_WRITE_ACTIONS = ("s3:PutObject", "s3:ReplicateObject")
+# Only the deploy changes a guarded bucket's policy, versioning, lifecycle and replication.
+GUARDED_BUCKET_ACTIONS = (
+    "s3:PutBucketPolicy",
+    "s3:DeleteBucketPolicy",
+    "s3:PutBucketVersioning",
+    "s3:PutLifecycleConfiguration",
+    "s3:PutReplicationConfiguration",
+)
 
 # Glue actions an Iceberg writer (Spark GlueCatalog, Hive/Trino on Glue) needs on its databases.
 GLUE_READ_ACTIONS = (
@@ -255,13 +267,13 @@ class LakeStorage(Construct):
         self.warehouse_bucket.add_to_resource_policy(
             deny_all_but(
                 "OnlyTheLakeReadersReadTables",
-                OBJECT_READ_ACTIONS,
+                GUARDED_READ_ACTIONS,
                 [*tables, f"{warehouse}/{ATHENA_RESULTS_PREFIX}/*"],
                 [*instance, *access.lake_readers],
             )
         )
         self.warehouse_bucket.add_to_resource_policy(
-            deny_all_but("OnlyTheJobsWriteTables", ["s3:PutObject"], tables, instance)
+            deny_all_but("OnlyTheJobsWriteTables", GUARDED_WRITE_ACTIONS, tables, instance)
         )
         artifacts = bucket_arn(self.artifacts_bucket_name)
         security = f"{artifacts}/{SECURITY_PREFIX}/*"
@@ -271,19 +283,22 @@ class LakeStorage(Construct):
             ("OnlyTheJobsUploadWritesJobCode", ARTIFACTS_PREFIX, role_arn(roles.jobs_upload)),
         ):
             self.artifacts_bucket.add_to_resource_policy(
-                deny_all_but(sid, ["s3:PutObject"], [f"{artifacts}/{prefix}/*"], [writer])
+                deny_all_but(sid, GUARDED_WRITE_ACTIONS, [f"{artifacts}/{prefix}/*"], [writer])
             )
         self.artifacts_bucket.add_to_resource_policy(
             deny_all_but(
                 "OnlyTheClusterReadsTlsMaterial",
-                OBJECT_READ_ACTIONS,
+                GUARDED_READ_ACTIONS,
                 [security],
                 [*instance, tls, *access.security_admins],
             )
         )
         self.artifacts_bucket.add_to_resource_policy(
             deny_all_but(
-                "OnlyTlsAdminsWriteTlsMaterial", ["s3:PutObject"], [security], [tls, *access.security_admins]
+                "OnlyTlsAdminsWriteTlsMaterial",
+                GUARDED_WRITE_ACTIONS,
+                [security],
+                [tls, *access.security_admins],
             )
         )
         # Without this, a role allowed s3:* (PowerUserAccess) could delete the guards first.
@@ -299,7 +314,7 @@ class LakeStorage(Construct):
             bucket.add_to_resource_policy(
                 deny_all_but(
                     "OnlyTheDeployChangesTheGuards",
-                    ["s3:PutBucketPolicy", "s3:DeleteBucketPolicy"],
+                    GUARDED_BUCKET_ACTIONS,
                     [bucket_arn(name)],
                     policy_changers,
                 )

@@ -238,6 +238,21 @@ class SourceDatabase(Construct):
                     [deployer],
                 )
             )
+            # Or write a value of its own (the seeding function then sets the MySQL user's password
+            # to it) or replicate the secret to a region outside these guards.
+            secret.add_to_resource_policy(
+                deny_all_but(
+                    "OnlyTheDeployWritesThePassword",
+                    [
+                        "secretsmanager:PutSecretValue",
+                        "secretsmanager:UpdateSecret",
+                        "secretsmanager:UpdateSecretVersionStage",
+                        "secretsmanager:ReplicateSecretToRegions",
+                    ],
+                    ["*"],
+                    [deployer],
+                )
+            )
         admin_secret.add_to_resource_policy(
             deny_all_but(
                 "OnlyTheSeedingAndTheDeployReadTheAdminPassword",

@@ -179,6 +179,11 @@ def test_only_the_cluster_reads_and_writes_the_tables(lake) -> None:
         assert lake.who_can("s3:PutObject", key) == {named(lake, "emr-instance")}, key
     # Athena's results are copies of table rows: nobody reads them until readers are named.
     assert lake.who_can("s3:GetObject", athena_result) == set()
+    # The actions replication reads and writes with are not the plain ones: named too (round 3).
+    for key in (table_file, checkpoint, athena_result):
+        assert lake.who_can("s3:GetObjectVersionForReplication", key) == set(), key
+    for key in (table_file, checkpoint):  # (Athena writes its results as the caller: not guarded)
+        assert lake.who_can("s3:ReplicateObject", key) == set(), key
 
 
 def test_only_the_cluster_and_its_tls_function_touch_the_tls_key(lake) -> None:
@@ -186,6 +191,8 @@ def test_only_the_cluster_and_its_tls_function_touch_the_tls_key(lake) -> None:
     assert lake.who_can("s3:GetObject", tls_zip) == {named(lake, "emr-instance"), named(lake, "emr-tls")}
     # Neither CDK upload role (their grants cover the whole bucket) nor CDK's publishing role.
     assert lake.who_can("s3:PutObject", tls_zip) == {named(lake, "emr-tls")}
+    assert lake.who_can("s3:GetObjectVersionForReplication", tls_zip) == set()
+    assert lake.who_can("s3:ReplicateObject", tls_zip) == set()
 
 
 def test_only_the_uploads_write_the_code_the_cluster_runs(lake) -> None:
@@ -195,6 +202,8 @@ def test_only_the_uploads_write_the_code_the_cluster_runs(lake) -> None:
     assert lake.who_can("s3:PutObject", bootstrap) == {named(lake, "bootstrap-upload")}
     assert lake.who_can("s3:PutObject", job_code) == {named(lake, "jobs-upload")}
     assert lake.who_can("s3:PutObject", steps) == {named(lake, "jobs-upload")}
+    for code in (bootstrap, job_code, steps):
+        assert lake.who_can("s3:ReplicateObject", code) == set(), code
     # Reading the code stays open to the cluster (and to the account): it holds no secret.
     assert named(lake, "emr-instance") in lake.who_can("s3:GetObject", job_code)
 
@@ -244,6 +253,31 @@ def test_nobody_but_the_deploy_changes_the_guards(lake) -> None:
             assert lake.who_can(action, lake.secret_arn(secret)) == {deployer}, (secret, action)
 
 
+BUCKET_CONFIGURATION_ACTIONS = (
+    "s3:PutBucketVersioning",  # suspend it: overwritten tables lose their noncurrent versions
+    "s3:PutLifecycleConfiguration",  # expire the tables' objects
+    "s3:PutReplicationConfiguration",  # copy every object to a bucket outside the guards
+)
+PASSWORD_WRITE_ACTIONS = (
+    # A new value, then the seeding function sets the MySQL user's password to it (round 3, item 3).
+    "secretsmanager:PutSecretValue",
+    "secretsmanager:UpdateSecret",
+    "secretsmanager:UpdateSecretVersionStage",
+    "secretsmanager:ReplicateSecretToRegions",  # a replica outside the guards
+)
+
+
+def test_nobody_but_the_deploy_changes_the_buckets_configuration_or_the_passwords(lake) -> None:
+    deployer = DEPLOYER.rpartition("/")[2]
+    for bucket in ("LakeWarehouseBucket", "LakeArtifactsBucket"):
+        arn = f"arn:aws:s3:::{lake.bucket_name(bucket)}"
+        for action in BUCKET_CONFIGURATION_ACTIONS:
+            assert generated(lake.who_can(action, arn)) == {deployer}, (bucket, action)
+    for secret in ("SourceDatabaseAdminSecret", "SourceDatabaseCdcSecret"):
+        for action in PASSWORD_WRITE_ACTIONS:
+            assert lake.who_can(action, lake.secret_arn(secret)) == {deployer}, (secret, action)
+
+
 def test_the_cluster_keeps_its_access_while_an_older_deployment_is_upgraded(lake) -> None:
     """Before its fixed name the nodes' role had CloudFormation's generated one; the guards deploy
     before the Compute stack renames it, so that one name (and no other role of Compute) still reads."""
@@ -255,3 +289,43 @@ def test_the_cluster_keeps_its_access_while_an_older_deployment_is_upgraded(lake
     for action, resource in (("s3:GetObject", table_file), ("secretsmanager:GetSecretValue", cdc)):
         who = lake.who_can(action, resource, {before, other})
         assert before.rpartition("/")[2] in who and other.rpartition("/")[2] not in who, (action, who)
+
+
+GUARDS = {"AWS::S3::BucketPolicy": "Bucket", "AWS::SecretsManager::ResourcePolicy": "SecretId"}
+
+
+def guards_lost_on_destroy(templates: dict[str, dict]) -> list[str]:
+    """Resource policies deleted with their stack while the bucket or secret they guard is kept
+    (DeletionPolicy Retain): after `cdk destroy`, that data would stand without its guards."""
+    lost = []
+    for concern, template in templates.items():
+        resources = template["Resources"]
+        for logical_id, resource in resources.items():
+            if resource["Type"] not in GUARDS:
+                continue
+            target = resource["Properties"][GUARDS[resource["Type"]]]
+            guarded = resources.get(target.get("Ref")) if isinstance(target, dict) else None
+            assert guarded is not None, f"{concern}/{logical_id} guards a resource of another stack"
+            if guarded.get("DeletionPolicy") == "Retain" and resource.get("DeletionPolicy") != "Retain":
+                lost.append(f"{concern}/{logical_id}")
+    return lost
+
+
+@pytest.mark.parametrize("env_name", ["dev", "prod"])
+def test_a_retained_bucket_or_secret_keeps_its_guard_when_the_stack_is_destroyed(env_name, request) -> None:
+    env = request.getfixturevalue(env_name)
+    assert guards_lost_on_destroy(env.templates) == []
+    if env_name == "prod":  # the control: prod retains its buckets and secrets, so it has guards to keep
+        guards = [
+            (concern, lid)
+            for concern, t in env.templates.items()
+            for lid, r in t["Resources"].items()
+            if r["Type"] in GUARDS
+        ]
+        assert len(guards) == 5, guards
+        (concern, lid) = guards[0]
+        import copy
+
+        mutated = copy.deepcopy(env.templates)
+        del mutated[concern]["Resources"][lid]["DeletionPolicy"]
+        assert guards_lost_on_destroy(mutated) == [f"{concern}/{lid}"]
