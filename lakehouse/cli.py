@@ -14,7 +14,7 @@ from rich.table import Table
 from jobs.config import ConfigError, LakehouseConfig
 from lakehouse.local.process import StackError
 from lakehouse.local.settings import StackSettings
-from lakehouse.local.stack import LocalStack
+from lakehouse.local.stack import LocalStack, redact_passwords
 
 console = Console(stderr=True)
 out = Console()
@@ -76,7 +76,10 @@ def down(purge: bool) -> None:
 
 @local.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status(as_json: bool) -> None:
+@click.option(
+    "--show-secrets", is_flag=True, help="Print the MySQL passwords too (else: where they are kept)."
+)
+def status(as_json: bool, show_secrets: bool) -> None:
     """Show each part's health; exits 1 when a part is down."""
     stack = LocalStack(StackSettings.resolve())
     secrets = stack.saved_secrets()
@@ -89,7 +92,9 @@ def status(as_json: bool) -> None:
         state["kafka"]["stored_batches"] = {str(p): n for p, n in stored.items()}
         state["kafka"]["warning"] = slow_reads_warning(stored, state["topic_retention"]["state"])
     if as_json:
-        out.print_json(json.dumps(state))
+        out.print_json(
+            json.dumps(state if show_secrets else redact_passwords(state, stack.settings.state_file))
+        )
     else:
         table = Table(title=f"local stack ({state['home']})")
         for column in ("part", "state", "address", "pid", "log"):

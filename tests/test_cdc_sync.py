@@ -266,6 +266,22 @@ def test_apply_changes_updates_inserts_and_deletes(spark) -> None:
     assert rows == Counter([("keep", 1), ("update", 20), ("insert", 40)])
 
 
+def test_a_crafted_source_name_is_recorded_as_it_is_and_adds_no_table_property(spark) -> None:
+    """The source's `schema.table` becomes a table property value; a name with quotes must not
+    close the literal and add properties of its own (security round 3, item 7)."""
+    from jobs.cdc.target_table import SOURCE_PROPERTY, configure_table, create_iceberg_table
+
+    table = "lakehouse.dim_db.cdc_test_crafted_source"
+    spark.sql(f"DROP TABLE IF EXISTS {table}")
+    create_iceberg_table(spark, table, [("id", "string"), ("we`ird", "int")], ("id",))
+    crafted = "user_db.t', 'write.metadata.delete-after-commit.enabled'='false', 'x'='\\"
+    configure_table(spark, table, ("id",), source=crafted)
+    props = dict(spark.sql(f"SHOW TBLPROPERTIES {table}").collect())
+    assert props[SOURCE_PROPERTY] == crafted
+    assert "x" not in props and props.get("write.metadata.delete-after-commit.enabled") != "false"
+    assert [f.name for f in spark.table(table).schema.fields] == ["id", "we`ird"]
+
+
 @pytest.mark.parametrize("set_before", [None, "1000"])
 def test_a_frame_read_in_tasks_is_a_partition_per_arrow_batch_and_leaves_the_session_as_it_was(
     spark, tmp_path, set_before

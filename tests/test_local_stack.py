@@ -29,7 +29,7 @@ def private_env(tmp_path_factory):
 
 
 def _status(env) -> tuple[int, dict]:
-    result = run_cli("local", "status", "--json", env=env, check=False)
+    result = run_cli("local", "status", "--json", "--show-secrets", env=env, check=False)
     return result.returncode, json.loads(result.stdout)
 
 
@@ -64,6 +64,36 @@ def test_status_json_has_the_documented_shape_and_is_healthy(private_env):
     assert state["catalog"]["name"] == "lakehouse"
     assert state["catalog"]["uri"] == f"sqlite:///{home}/catalog.db"
     assert state["catalog"]["warehouse"] == f"{home}/warehouse"
+
+
+def test_the_passwords_stay_in_owner_only_files_and_out_of_status_and_ps(private_env, monkeypatch):
+    import stat
+    import subprocess
+
+    home = Path(private_env["LAKEHOUSE_HOME"])
+    for name in ("stack.json", "secrets.json"):
+        assert stat.S_IMODE((home / name).stat().st_mode) == 0o600, name
+    _, with_secrets = _status(private_env)
+    passwords = [with_secrets["mysql"][k] for k in ("password", "cdc_password")]
+    assert all(passwords)
+    printed = run_cli("local", "status", "--json", env=private_env, check=False).stdout
+    assert not any(p in printed for p in passwords)
+    assert json.loads(printed)["mysql"]["password"].startswith("<redacted: in ")
+
+    # The admin statements (CREATE/ALTER USER ... IDENTIFIED BY) go in on stdin, not argv.
+    from lakehouse.local.mariadb import MariaDb
+
+    calls = []
+    monkeypatch.setattr(
+        subprocess,
+        "run",
+        lambda args, **kw: calls.append((args, kw)) or subprocess.CompletedProcess(args, 0, "1\n", ""),
+    )
+    MariaDb.admin_sql(
+        type("M", (), {"socket": home / "mysql.sock"})(), f"ALTER USER x IDENTIFIED BY '{passwords[0]}'"
+    )
+    ((argv, kwargs),) = calls
+    assert not any(passwords[0] in arg for arg in argv) and passwords[0] in kwargs["input"]
 
 
 def test_human_status_is_a_table(private_env):

@@ -10,12 +10,9 @@ from jobs.cdc.change_batch import DELETE, RowChange
 from jobs.cdc.schema_mapping import spark_schema, to_spark_value
 from jobs.common.arrow_frames import arrow_frame
 from jobs.common.snapshot_progress import with_snapshot_properties
+from jobs.common.sql_text import identifier
 
 OP_COLUMN = "_cdc_op"
-
-
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def change_table(columns: list[tuple[str, str]], changes: list[RowChange]):
@@ -83,9 +80,9 @@ def changes_frame(spark, columns: list[tuple[str, str]], changes: list[RowChange
 def merge_statement(
     target: str, source_view: str, columns: list[tuple[str, str]], key: tuple[str, ...]
 ) -> str:
-    on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in key)
-    names = [_quote(name) for name, _ in columns]
-    updates = ", ".join(f"t.{n} = s.{n}" for n in names if n not in {_quote(k) for k in key})
+    on = " AND ".join(f"t.{identifier(k)} = s.{identifier(k)}" for k in key)
+    names = [identifier(name) for name, _ in columns]
+    updates = ", ".join(f"t.{n} = s.{n}" for n in names if n not in {identifier(k) for k in key})
     inserts = ", ".join(f"s.{n}" for n in names)
     update_clause = f"WHEN MATCHED THEN UPDATE SET {updates}" if updates else ""
     return (

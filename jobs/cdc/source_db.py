@@ -113,8 +113,8 @@ def connect(config: LakehouseConfig, creds: Credentials) -> pymysql.Connection:
         if exc.args and exc.args[0] in REFUSALS:
             raise ConfigError(
                 f"MySQL {config.mysql.host}:{config.mysql.port} refused user {creds.user!r}: {exc.args[1]}. "
-                "Check the CDC credentials (locally in `lakehouse local status --json`, on AWS the "
-                "secret given by --mysql-cdc-secret-id)"
+                "Check the CDC credentials (locally `lakehouse local status --json --show-secrets`, on "
+                "AWS the secret given by --mysql-cdc-secret-id)"
             ) from None
         raise
 

@@ -53,6 +53,7 @@ from jobs.common.snapshot_progress import (
     ConcurrentWriterError,
     with_snapshot_properties,
 )
+from jobs.common.sql_text import identifier
 from jobs.common.streaming_job import StreamingJob
 from jobs.config import ConfigError, LakehouseConfig
 
@@ -627,7 +628,7 @@ class CdcSync(StreamingJob):
 
         from pyspark.sql import functions as F
 
-        columns = [F.col(apply_changes._quote(c)) for c in fk.child_columns]
+        columns = [F.col(identifier(c)) for c in fk.child_columns]
         candidates: dict[tuple, dict] = {}  # key text -> the row as the lake (or this batch) has it
         ordered = sorted(old, key=repr)
         for start in range(0, len(ordered), 500):

@@ -6,6 +6,7 @@ from jobs.cdc.schema_mapping import SourceColumn
 from jobs.common import progress_keys
 from jobs.common.lake_tables import load_iceberg_table
 from jobs.common.snapshot_progress import progress_as_of
+from jobs.common.sql_text import identifier, literal, properties
 
 # Snapshot summary key holding the binlog position a commit brings the table up to (JSON: file,
 # pos, gtid). Written in the same commit as the rows, so data and position never disagree.
@@ -47,11 +48,6 @@ def synced_source(spark, target: str, database: str) -> str | None:
 DROPPED_PROPERTY = "lakehouse.cdc.source-dropped"
 
 
-def _literal(text: str) -> str:
-    """A Spark SQL string literal (backslash and quote escaped)."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 # Table property (`--schema-changes ignore`): lake columns whose name a new source column took; their
 # source values are never written (a comma-separated list, lower case).
 UNSYNCED_PROPERTY = "lakehouse.cdc.unsynced-columns"
@@ -59,7 +55,7 @@ UNSYNCED_PROPERTY = "lakehouse.cdc.unsynced-columns"
 
 def set_unsynced_columns(spark, table: str, names: frozenset[str]) -> None:
     value = ",".join(sorted(names))
-    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('{UNSYNCED_PROPERTY}'={_literal(value)})")
+    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('{UNSYNCED_PROPERTY}'={literal(value)})")
 
 
 def unsynced_columns(spark, table: str) -> frozenset[str]:
@@ -75,16 +71,12 @@ def clear_marks(spark, table: str) -> None:
 
 
 def mark_source_dropped(spark, table: str, where: str) -> None:
-    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('{DROPPED_PROPERTY}'={_literal(where)})")
+    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('{DROPPED_PROPERTY}'={literal(where)})")
 
 
 def source_dropped(spark, table: str) -> str | None:
     """Where the lake table's source table was dropped, or None (still synced, or not a CDC table)."""
     return dict(spark.sql(f"SHOW TBLPROPERTIES {table}").collect()).get(DROPPED_PROPERTY)
-
-
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def table_exists(spark, table: str) -> bool:
@@ -103,8 +95,10 @@ def create_table(spark, table: str, columns: tuple[SourceColumn, ...], key: tupl
 
 def create_iceberg_table(spark, table: str, columns: list[tuple[str, str]], key: tuple[str, ...]) -> None:
     """A table of (name, Spark SQL type) columns, the key NOT NULL, with our table properties."""
-    cols = ", ".join(f"{_quote(name)} {kind}{' NOT NULL' if name in key else ''}" for name, kind in columns)
-    props = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
+    cols = ", ".join(
+        f"{identifier(name)} {kind}{' NOT NULL' if name in key else ''}" for name, kind in columns
+    )
+    props = properties(TABLE_PROPERTIES)
     spark.sql(f"CREATE TABLE IF NOT EXISTS {table} ({cols}) USING iceberg TBLPROPERTIES ({props})")
 
 
@@ -117,13 +111,12 @@ def configure_table(spark, table: str, key: tuple[str, ...], source: str | None 
     """Our table properties and identifier fields = the primary key (also on a table others made);
     `source` (`schema.table`) is recorded as the table's SOURCE_PROPERTY (`lakehouse verify` reads it)."""
     current = dict(spark.sql(f"SHOW TBLPROPERTIES {table}").collect())
-    properties = {**TABLE_PROPERTIES, **({SOURCE_PROPERTY: source} if source else {})}
-    wanted = {k: v for k, v in properties.items() if k != "format-version" and current.get(k) != v}
+    values = {**TABLE_PROPERTIES, **({SOURCE_PROPERTY: source} if source else {})}
+    wanted = {k: v for k, v in values.items() if k != "format-version" and current.get(k) != v}
     if current.get("format-version", "2") != "2":
         wanted["format-version"] = "2"
     if wanted:
-        props = ", ".join(f"'{k}'='{v}'" for k, v in wanted.items())
-        spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({props})")
+        spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({properties(wanted)})")
     jvm = spark.sparkContext._jvm
     iceberg = load_iceberg_table(spark, table)
     if set(iceberg.schema().identifierFieldNames()) == set(key):
@@ -145,7 +138,7 @@ def add_columns(spark, table: str, columns: tuple[SourceColumn, ...]) -> list[st
     for column in columns:
         if column.name.lower() in existing:
             continue
-        spark.sql(f"ALTER TABLE {table} ADD COLUMN {_quote(column.name)} {column.spark_type}")
+        spark.sql(f"ALTER TABLE {table} ADD COLUMN {identifier(column.name)} {column.spark_type}")
         added.append(column.name)
     return added
 
@@ -155,7 +148,7 @@ def rename_column(spark, table: str, old: str, new: str) -> bool:
     names = {name.lower() for name, _ in target_columns(spark, table)}
     if old.lower() not in names or new.lower() in names:
         return False
-    spark.sql(f"ALTER TABLE {table} RENAME COLUMN {_quote(old)} TO {_quote(new)}")
+    spark.sql(f"ALTER TABLE {table} RENAME COLUMN {identifier(old)} TO {identifier(new)}")
     return True
 
 
@@ -164,5 +157,5 @@ def promote_column(spark, table: str, name: str, spark_type: str) -> bool:
     current = dict((n.lower(), t) for n, t in target_columns(spark, table)).get(name.lower())
     if current is None or current == spark_type:
         return False
-    spark.sql(f"ALTER TABLE {table} ALTER COLUMN {_quote(name)} TYPE {spark_type}")
+    spark.sql(f"ALTER TABLE {table} ALTER COLUMN {identifier(name)} TYPE {spark_type}")
     return True

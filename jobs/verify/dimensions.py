@@ -33,6 +33,7 @@ from jobs.cdc.snapshot import WHOLE_TABLE, piece_frames, rows_frame
 from jobs.cdc.source_db import SourceTable
 from jobs.cdc.target_table import POSITION_KEY
 from jobs.common.snapshot_progress import main_snapshot, progress_as_of
+from jobs.common.sql_text import identifier
 from jobs.verify.findings import EXAMPLES, CheckResult, Finding
 
 CHUNK_ROWS = 10_000
@@ -146,7 +147,7 @@ def _compared(source: SourceTable, src: DataFrame, lake: DataFrame, result: Chec
         )
     return (
         src.select(*both),
-        lake.select(*(F.col(f"`{lake_names[n.lower()]}`").cast(src_types[n]).alias(n) for n in both)),
+        lake.select(*(F.col(identifier(lake_names[n.lower()])).cast(src_types[n]).alias(n) for n in both)),
     )
 
 

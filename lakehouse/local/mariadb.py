@@ -129,9 +129,11 @@ class MariaDb:
             raise StackError(f"mariadb-install-db failed:\n{result.stdout}\n{result.stderr}")
 
     def admin_sql(self, sql: str) -> str:
-        """Run SQL as the local superuser over the unix socket (socket auth, no password)."""
+        """Run SQL as the local superuser over the unix socket (socket auth, no password). The SQL
+        goes in on stdin: on the command line, `IDENTIFIED BY '<password>'` would show in `ps`."""
         result = subprocess.run(
-            ["mariadb", f"--socket={self.socket}", "-u", "root", "-N", "-B", "-e", sql],
+            ["mariadb", f"--socket={self.socket}", "-u", "root", "-N", "-B"],
+            input=sql,
             capture_output=True,
             text=True,
         )

@@ -104,6 +104,17 @@ def read_state(home: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def write_private(path: Path, text: str) -> None:
+    """Replace `path` with `text`, readable by its owner only (0600) from the first byte on: the
+    state file holds the MySQL passwords the jobs read."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an older tmp file kept its mode
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
 def load_or_create_secrets(settings: StackSettings) -> dict[str, str]:
     """Passwords generated once per state dir and kept there (mode 0600), never in source."""
     path = settings.secrets_file

@@ -6,6 +6,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from jobs.config import CATALOG_NAME, CLICK_TOPIC, SOURCE_DATABASE
 from lakehouse.local import catalog
@@ -13,7 +14,7 @@ from lakehouse.local.broker import Broker
 from lakehouse.local.mariadb import APP_USER, CDC_USER, MariaDb
 from lakehouse.local.object_store import ObjectStore
 from lakehouse.local.process import StackError, port_in_use
-from lakehouse.local.settings import PORT_ENV, StackSettings, load_or_create_secrets
+from lakehouse.local.settings import PORT_ENV, StackSettings, load_or_create_secrets, write_private
 from lakehouse.local.topic_retention import RetentionProcess
 
 Progress = Callable[[str], None]
@@ -59,7 +60,7 @@ class LocalStack:
             progress(f"{name} ready ({time.monotonic() - began:.1f}s)")
         self.settings.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         state = self.describe(secrets)
-        self.settings.state_file.write_text(json.dumps(state, indent=2))
+        write_private(self.settings.state_file, json.dumps(state, indent=2))
         return state
 
     def _check_ports(self) -> None:
@@ -101,7 +102,8 @@ class LocalStack:
         return json.loads(path.read_text()) if path.exists() else {}
 
     def describe(self, secrets: dict[str, str] | None = None) -> dict:
-        """The status document (`lakehouse local status --json`)."""
+        """The status document, passwords included: the state file (mode 0600) holds it for the
+        jobs; `lakehouse local status --json` prints it with `redact_passwords`."""
         if secrets is None:
             secrets = self.saved_secrets()
         s = self.settings
@@ -165,3 +167,16 @@ def require_running(settings: StackSettings) -> None:
     down = [part for part in ("mysql", "kafka", "catalog") if not state[part]["healthy"]]
     if down:
         raise StackError(f"local stack is not running ({', '.join(down)} down): run `lakehouse local up`")
+
+
+PASSWORD_KEYS = ("password", "cdc_password")
+
+
+def redact_passwords(state: dict, state_file: Path) -> dict:
+    """`state` with the MySQL passwords replaced by where they are kept (a status printed to a
+    terminal or a CI log must not carry them)."""
+    mysql = dict(state["mysql"])
+    for key in PASSWORD_KEYS:
+        if mysql.get(key):
+            mysql[key] = f"<redacted: in {state_file} (mode 0600), or status --show-secrets>"
+    return {**state, "mysql": mysql}
