@@ -15,18 +15,33 @@ export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 DEMO_SECONDS ?= 120
 
-.PHONY: setup system jars jvm-archive cli scanner demo test test-fast fuzz bench synth rehearse baseline lint package clean
+.PHONY: lock setup system jars jvm-archive cli scanner demo test test-fast fuzz bench synth rehearse baseline lint package clean
 
 setup: system $(STAMP) jars jvm-archive cli scanner ## Install everything (idempotent; fast when done)
 
 system:
 	@scripts/setup-system.sh
 
-$(STAMP): pyproject.toml
+# Every package from requirements.lock, each file checked against its hash; then the project itself,
+# built with the locked setuptools (no build isolation: nothing unpinned is fetched to build it).
+$(STAMP): pyproject.toml requirements.lock
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[local,infra,dev]'
+	$(PY) -m pip install -q --require-hashes -r requirements.lock
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	@touch $@
+
+# Re-pin requirements.lock (and the checkov and Lambda locks) after a change to pyproject.toml: the
+# versions already pinned stay unless UPGRADE=1. uv resolves for Python 3.11 on every platform.
+UV := .tools/uv/bin/uv
+LOCK := $(UV) pip compile -q --generate-hashes --universal --custom-compile-command "make lock" $(if $(UPGRADE),--upgrade)
+lock:
+	@test -x $(UV) || (python3 -m venv .tools/uv && .tools/uv/bin/pip install -q uv==0.13.9)
+	$(LOCK) --python-version 3.11 -o requirements.lock \
+	  pyproject.toml scripts/build-requirements.in --extra local --extra infra --extra dev
+	$(LOCK) --python-version 3.11.5 -o scripts/checkov-requirements.lock scripts/checkov-requirements.txt
+	$(LOCK) --python-version 3.11 -o jobs/requirements-emr.lock jobs/requirements-emr.txt
+	$(LOCK) --python-version 3.14 -o infra/lambdas/emr_tls_certificates/requirements.lock \
+	  infra/lambdas/emr_tls_certificates/requirements.txt
 
 jars: $(STAMP)
 	@scripts/build_iceberg_jars.sh $(VENV)
@@ -39,16 +54,15 @@ jvm-archive: jars
 # venv also uses: it gets a venv of its own.
 CHECKOV_STAMP := .tools/checkov/.installed
 scanner: $(CHECKOV_STAMP)
-$(CHECKOV_STAMP): scripts/checkov-requirements.txt
+$(CHECKOV_STAMP): scripts/checkov-requirements.lock
 	@test -x .tools/checkov/bin/python || python3 -m venv .tools/checkov
-	.tools/checkov/bin/pip install -q --upgrade pip
-	.tools/checkov/bin/pip install -q -r scripts/checkov-requirements.txt
+	.tools/checkov/bin/pip install -q --require-hashes -r scripts/checkov-requirements.lock
 	@touch $@
 
 cli: $(CDK)
 $(CDK): package.json package-lock.json
 	@# npm itself on the machine's Node (NPM_PATH): a broken node_modules/.bin/node must not stop npm repairing it
-	@echo "npm install"; PATH="$(NPM_PATH)" npm install --no-audit --no-fund --loglevel=error
+	@echo "npm ci"; PATH="$(NPM_PATH)" npm ci --no-audit --no-fund --loglevel=error
 	@case "$$($(NODE) --version 2>/dev/null)" in v2[2-9].*|v[3-9][0-9].*) ;; *) \
 	  echo "error: npm installed no Node >= 22 as $(NODE): package.json has it for Linux x86_64/aarch64 only (this is $$(uname -sm))" >&2; \
 	  exit 1;; esac

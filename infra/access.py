@@ -14,18 +14,30 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aws_cdk import Aws
+from aws_cdk import Aws, Stack
 from aws_cdk import aws_iam as iam
+from constructs import Construct
 
 from infra.config import DeploymentConfig
-
-# CloudFormation's execution role of the CDK bootstrap (any qualifier): it resolves the RDS
-# password's `{{resolve:secretsmanager:…}}` and writes the secret's attachment at deploy.
-CFN_EXECUTION_ROLE_NAME_PATTERN = "cdk-*-cfn-exec-role-*"
 
 
 def role_arn(name: str) -> str:
     return f"arn:{Aws.PARTITION}:iam::{Aws.ACCOUNT_ID}:role/{name}"
+
+
+def deployer_role_arn(scope: Construct) -> str:
+    """The exact ARN of CloudFormation's execution role that deploys `scope`'s stack, as its
+    synthesizer names it (the bootstrap qualifier included): it changes the guards and resolves the
+    RDS password's `{{resolve:secretsmanager:…}}` at deploy. Not a name pattern: anyone allowed
+    iam:CreateRole could name a role to match one."""
+    arn = Stack.of(scope).synthesizer.cloud_formation_execution_role_arn
+    for placeholder, value in (
+        ("${AWS::Partition}", Aws.PARTITION),
+        ("${AWS::AccountId}", Aws.ACCOUNT_ID),
+        ("${AWS::Region}", Aws.REGION),
+    ):
+        arn = arn.replace(placeholder, value)
+    return arn
 
 
 @dataclass(frozen=True)

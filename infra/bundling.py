@@ -59,8 +59,9 @@ class CopyPurePythonPackages:
 
 @jsii.implements(ILocalBundling)
 class InstallWheels:
-    """Copy a handler directory and pip-install its `requirements.txt` for the Lambda's platform
-    (manylinux wheels of CPython `python_version`, x86_64): native packages without Docker."""
+    """Copy a handler directory and pip-install its `requirements.lock` (its requirements.txt pinned
+    with hashes by `make lock`) for the Lambda's platform (manylinux wheels of CPython
+    `python_version`, x86_64): native packages without Docker, each file checked against its hash."""
 
     def __init__(self, source_dir: Path, python_version: str) -> None:
         self._source_dir = source_dir
@@ -68,14 +69,14 @@ class InstallWheels:
 
     def try_bundle(self, output_dir: str, *args, **kwargs) -> bool:  # noqa: ARG002 - jsii API
         out = Path(output_dir)
-        ignore = shutil.ignore_patterns("__pycache__", "requirements.txt")
+        ignore = shutil.ignore_patterns("__pycache__", "requirements.txt", "requirements.lock")
         shutil.copytree(self._source_dir, out, dirs_exist_ok=True, ignore=ignore)
         platforms = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
         command = [
             sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile",
             "--target", str(out), "--only-binary=:all:", "--implementation", "cp",
             "--python-version", self._python_version, *(a for p in platforms for a in ("--platform", p)),
-            "-r", str(self._source_dir / "requirements.txt"),
+            "--require-hashes", "-r", str(self._source_dir / "requirements.lock"),
         ]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:

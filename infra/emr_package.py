@@ -36,6 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 JOBS_DIR = REPO / "jobs"
 REQUIREMENTS = JOBS_DIR / "requirements-emr.txt"
+# The same pins with the hashes of their files (`make lock`): the wheels are downloaded hash-checked.
+REQUIREMENTS_LOCK = JOBS_DIR / "requirements-emr.lock"
 ENTRY_POINT = JOBS_DIR / "emr_step.py"
 DEFAULT_OUTPUT = REPO / "dist" / "emr"
 PYTHON_VERSION = "3.11"
@@ -116,7 +118,7 @@ def _job_sources() -> list[Path]:
 def source_version() -> str:
     """12 hex digits of sha256 over the jobs' sources, the pinned requirements and this builder."""
     digest = hashlib.sha256()
-    for path in [*_job_sources(), REQUIREMENTS, Path(__file__)]:
+    for path in [*_job_sources(), REQUIREMENTS, REQUIREMENTS_LOCK, Path(__file__)]:
         digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:12]
 
@@ -280,8 +282,9 @@ def _download_wheels(arch: str, wheelhouse: Path, log) -> None:
         "-d",
         str(_ensure(wheelhouse)),
         *_platform_args(arch),
+        "--require-hashes",
         "-r",
-        str(REQUIREMENTS),
+        str(REQUIREMENTS_LOCK),
     )
 
 

@@ -9,7 +9,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from infra.access import CFN_EXECUTION_ROLE_NAME_PATTERN, NamedRoles, deny_all_but, role_arn
+from infra.access import NamedRoles, deny_all_but, deployer_role_arn, role_arn
 from infra.checkov import skip_check
 from infra.config import AccessSettings, StorageSettings
 from infra.emr_steps import ARTIFACTS_PREFIX, BOOTSTRAP_PREFIX
@@ -303,7 +303,7 @@ class LakeStorage(Construct):
         )
         # Without this, a role allowed s3:* (PowerUserAccess) could delete the guards first.
         # CloudFormation changes them on deploy; dev's teardown denies writes before emptying.
-        policy_changers = [role_arn(CFN_EXECUTION_ROLE_NAME_PATTERN)]
+        policy_changers = [deployer_role_arn(self)]
         auto_delete = Stack.of(self).node.try_find_child("Custom::S3AutoDeleteObjectsCustomResourceProvider")
         if auto_delete is not None:
             policy_changers.append(auto_delete.role_arn)

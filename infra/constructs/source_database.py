@@ -16,7 +16,7 @@ from aws_cdk import custom_resources as cr
 from constructs import Construct
 
 from infra import seed_data
-from infra.access import CFN_EXECUTION_ROLE_NAME_PATTERN, deny_all_but, role_arn
+from infra.access import deny_all_but, deployer_role_arn
 from infra.bundling import python_function_code
 from infra.checkov import skip_check
 from infra.config import SourceDatabaseSettings
@@ -227,7 +227,7 @@ class SourceDatabase(Construct):
         """Resource policies (infra/access.py): the key's policy leaves decryption to IAM for the
         whole account, so without these any role allowed secretsmanager:GetSecretValue and
         kms:Decrypt on "*" (PowerUserAccess) could read the passwords."""
-        deployer = role_arn(CFN_EXECUTION_ROLE_NAME_PATTERN)
+        deployer = deployer_role_arn(self)
         for secret in (admin_secret, self.cdc_secret):
             # Without this, a role allowed secretsmanager:* (PowerUserAccess) could remove the guard.
             secret.add_to_resource_policy(

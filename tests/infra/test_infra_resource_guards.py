@@ -23,7 +23,10 @@ def outsider(name: str) -> str:
     return f"arn:aws:iam::{ACCOUNT}:role/{name}"
 
 
+# A role anyone with iam:CreateRole can make, named like CloudFormation's execution role.
+LOOK_ALIKE = outsider(f"cdk-attacker-cfn-exec-role-{ACCOUNT}-{REGION}")
 OUTSIDERS = {
+    LOOK_ALIKE,
     outsider("Admin"),  # AdministratorAccess
     outsider("ReadOnly"),  # ReadOnlyAccess (s3:Get* on "*")
     outsider("PowerUser"),  # PowerUserAccess: everything but IAM, secrets and keys included
@@ -31,6 +34,7 @@ OUTSIDERS = {
     outsider(f"cdk-hnb659fds-cfn-exec-role-{ACCOUNT}-{REGION}"),  # CloudFormation's execution role
 }
 DEPLOYER = outsider(f"cdk-hnb659fds-cfn-exec-role-{ACCOUNT}-{REGION}")
+
 
 
 class Lake:
