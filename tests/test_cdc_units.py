@@ -807,3 +807,23 @@ def test_cascade_values_are_the_old_and_new_referenced_values_of_deleted_or_re_k
     assert key_text({"k": datetime(2026, 1, 2, 3, 4, 5)}, ("k",)) == ("2026-01-02T03:04:05",)
     assert unfollowed_parents([fk, restrict], {("db", "c")}) == {("db", "c"): fk}
     assert unfollowed_parents([fk], {("db", "c"), ("db", "p")}) == {}
+
+
+# ---- the write mode per table (jobs/cdc/target_table.py) -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("table", "rows", "current", "mode"),
+    [
+        ("lakehouse.dim_db.user_member", 10_000, None, "copy-on-write"),  # small: rewrites are cheap
+        ("lakehouse.dim_db.orders", 1_000_000, "copy-on-write", "merge-on-read"),  # large and busy
+        ("lakehouse.dim_db.orders", None, None, "copy-on-write"),  # no snapshot yet
+        ("lakehouse.dim_db.orders", 900_000, "merge-on-read", "merge-on-read"),  # never flips back
+        ("lakehouse.dim_db.products", 50_000_000, None, "copy-on-write"),  # the ingest's join, every batch
+        ("lakehouse.dim_db.products", 50_000_000, "merge-on-read", "copy-on-write"),
+    ],
+)
+def test_a_table_turns_merge_on_read_at_its_size_unless_the_ingest_joins_it(table, rows, current, mode):
+    from jobs.cdc.target_table import write_mode
+
+    assert write_mode(table, rows, current) == mode

@@ -436,6 +436,54 @@ def test_table_stats_read_from_metadata_match_the_metadata_tables(spark, drop_af
 
 
 @stack
+def test_cdc_merges_into_a_large_table_write_delete_files_that_maintenance_applies(
+    spark, lake_config, drop_after, monkeypatch
+):
+    """A table past MERGE_ON_READ_MIN_ROWS turns merge-on-read (jobs/cdc/target_table.py): CDC's
+    MERGE then writes position deletes instead of rewriting data files, the rows are what the
+    changes make them, and the next maintenance rewrites the files with deletes (none left)."""
+    from jobs.cdc import target_table
+    from jobs.cdc.apply_changes import apply_changes
+    from jobs.cdc.binlog_reader import BinlogPosition
+    from jobs.cdc.change_batch import DELETE, UPSERT, RowChange
+
+    ident = "lakehouse.dim_db.maint_test_merge_on_read"
+    spark.sql(f"DROP TABLE IF EXISTS {ident}")
+    drop_after(ident)
+    columns = [("id", "bigint"), ("qty", "int")]
+    target_table.create_iceberg_table(spark, ident, columns, ("id",))
+    spark.range(0, 2_000, 1, 2).selectExpr("id", "CAST(id % 7 AS INT) AS qty").writeTo(ident).append()
+    monkeypatch.setattr(target_table, "MERGE_ON_READ_MIN_ROWS", 1_000)
+    target_table.configure_table(spark, ident, ("id",), "user_db.big")
+    props = dict(spark.sql(f"SHOW TBLPROPERTIES {ident}").collect())
+    assert {props[k] for k in target_table.WRITE_MODE_KEYS} == {"merge-on-read"}
+
+    expected = Counter((i, i % 7) for i in range(2_000))
+    changes = []
+    for i in range(0, 2_000, 40):  # updates and deletes spread over every data file
+        changes.append(RowChange(UPSERT, (i,), {"id": i, "qty": 100}))
+        expected[(i, i % 7)] -= 1
+        expected[(i, 100)] += 1
+    for i in (i for i in range(1, 2_000, 97) if i % 40):  # one change per key, as CDC applies them
+        changes.append(RowChange(DELETE, (i,), {"id": i, "qty": i % 7}))
+        expected[(i, i % 7)] -= 1
+    changes.append(RowChange(UPSERT, (5_000,), {"id": 5_000, "qty": 1}))
+    expected[(5_000, 1)] += 1
+    data_files = table_stats(spark, ident).data_files
+    apply_changes(spark, ident, columns, ("id",), changes, None, BinlogPosition("mysql-bin.000001", 4))
+
+    rows = Counter(tuple(r) for r in spark.table(ident).collect())
+    assert rows == +expected
+    merged = table_stats(spark, ident)
+    assert merged.delete_files >= 1  # deletes written, not every data file rewritten
+    assert merged.data_files <= data_files + 2  # the new rows' files, not a rewrite of the old ones
+
+    report = maintain_table(spark, lake_config, "dim_db.maint_test_merge_on_read", MaintainSettings())
+    assert report.after.delete_files == 0, report.steps
+    assert Counter(tuple(r) for r in spark.table(ident).collect()) == +expected
+
+
+@stack
 def test_orphan_removal_deletes_only_old_unreferenced_files(spark, lake_config, drop_after):
     ident = create_clicks(spark, "ods_behavior.maint_test_orphans")
     drop_after(ident)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from jobs.cdc.schema_mapping import SourceColumn
 from jobs.common import progress_keys
 from jobs.common.lake_tables import load_iceberg_table
@@ -12,11 +14,17 @@ from jobs.common.sql_text import identifier, literal, properties
 # pos, gtid). Written in the same commit as the rows, so data and position never disagree.
 POSITION_KEY = progress_keys.CDC_POSITION
 
-# Copy-on-write, not merge-on-read: the dimension tables are small (thousands to low millions of
-# rows) and the clickstream ingest joins against them on every micro-batch, so reads dominate.
-# Copy-on-write rewrites the few touched data files per MERGE (cheap at this size) and leaves the
-# readers plain data files with no delete files to apply; merge-on-read would make every ingest
-# batch pay for position/equality deletes until compaction runs.
+log = logging.getLogger("cdc_sync")
+
+# Tables are created copy-on-write: a MERGE rewrites the data files it touches and readers get plain
+# data files. That suits the small dimensions (thousands of rows), and the products dimension the
+# ingest joins on every micro-batch whatever its size. A large busy table is another matter: with
+# updates spread over its keys, every one-second MERGE rewrites a large share of its files. So
+# `write_mode` turns a table of MERGE_ON_READ_MIN_ROWS rows or more merge-on-read when CDC starts on
+# it or publishes its snapshot: a MERGE then writes position delete files (format v2, which Spark
+# on EMR, Trino and Athena all read), and table maintenance rewrites every data file that has
+# deletes (jobs/maintain/procedures.py), so delete files never pile up past one maintenance period.
+# Numbers: `make bench` (write_mode_bench).
 TABLE_PROPERTIES = {
     "format-version": "2",
     "write.merge.mode": "copy-on-write",
@@ -26,6 +34,23 @@ TABLE_PROPERTIES = {
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "50",
 }
+
+
+WRITE_MODE_KEYS = ("write.merge.mode", "write.update.mode", "write.delete.mode")
+MERGE_ON_READ_MIN_ROWS = 1_000_000
+# Read in full by the ingest on every batch: stays copy-on-write whatever its size.
+JOINED_EVERY_BATCH = frozenset({"dim_db.products"})
+
+
+def write_mode(table: str, rows: int | None, current: str | None) -> str:
+    """ "copy-on-write" or "merge-on-read" for `table` (`catalog.namespace.name`) of `rows` rows (None:
+    no snapshot yet) whose merge mode is `current`. Once merge-on-read, a table stays so: a table
+    hovering around the threshold must not flip its mode on every start."""
+    if ".".join(table.split(".")[-2:]) in JOINED_EVERY_BATCH:
+        return "copy-on-write"
+    if current == "merge-on-read" or (rows or 0) >= MERGE_ON_READ_MIN_ROWS:
+        return "merge-on-read"
+    return "copy-on-write"
 
 
 # Table property naming the source table (`schema.table`) a CDC target mirrors.
@@ -111,14 +136,24 @@ def configure_table(spark, table: str, key: tuple[str, ...], source: str | None 
     """Our table properties and identifier fields = the primary key (also on a table others made);
     `source` (`schema.table`) is recorded as the table's SOURCE_PROPERTY (`lakehouse verify` reads it)."""
     current = dict(spark.sql(f"SHOW TBLPROPERTIES {table}").collect())
-    values = {**TABLE_PROPERTIES, **({SOURCE_PROPERTY: source} if source else {})}
+    iceberg = load_iceberg_table(spark, table)
+    snapshot = iceberg.currentSnapshot()
+    rows = int(snapshot.summary().get("total-records") or 0) if snapshot is not None else None
+    mode = write_mode(table, rows, current.get("write.merge.mode"))
+    values = {
+        **TABLE_PROPERTIES,
+        **dict.fromkeys(WRITE_MODE_KEYS, mode),
+        **({SOURCE_PROPERTY: source} if source else {}),
+    }
     wanted = {k: v for k, v in values.items() if k != "format-version" and current.get(k) != v}
     if current.get("format-version", "2") != "2":
         wanted["format-version"] = "2"
     if wanted:
+        if mode != current.get("write.merge.mode", "copy-on-write"):
+            log.info("%s: %s rows, writes %s from now on", table, f"{rows:,}" if rows else "no", mode)
         spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({properties(wanted)})")
+        iceberg = load_iceberg_table(spark, table)
     jvm = spark.sparkContext._jvm
-    iceberg = load_iceberg_table(spark, table)
     if set(iceberg.schema().identifierFieldNames()) == set(key):
         return
     # A table created by someone else may have a nullable key column; the key is never null.

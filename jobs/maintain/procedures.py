@@ -183,6 +183,10 @@ def rewrite_data_files(
     options = dict(REWRITE_OPTIONS)
     if stats.delete_files:
         options["remove-dangling-deletes"] = "true"
+        # A merge-on-read table (jobs/cdc/target_table.py): every data file with a delete is
+        # rewritten with its deletes applied, whatever its size, so readers never apply more than
+        # one maintenance period's delete files.
+        options["delete-file-threshold"] = "1"
     if compact_below_bytes is not None:
         options["min-file-size-bytes"] = str(compact_below_bytes)
     args = {
@@ -193,12 +197,28 @@ def rewrite_data_files(
     if order:
         args["sort_order"] = f"'{order}'"
     result = retry_step()(call)(spark, catalog, "rewrite_data_files", **args)[0].asDict()
+    deletes = ""
+    if stats.delete_files:
+        # The position deletes the rewrite applied now point at files no snapshot reads: rewriting
+        # every position delete file drops those (and compacts what a concurrent MERGE added).
+        rewritten = retry_step()(call)(
+            spark,
+            catalog,
+            "rewrite_position_delete_files",
+            table=f"'{table}'",
+            options="map('rewrite-all', 'true')",
+        )[0].asDict()
+        deletes = (
+            f"; position delete files {rewritten['rewritten_delete_files_count']} -> "
+            f"{rewritten['added_delete_files_count']}"
+        )
     failed = result.get("failed_data_files_count") or 0
     return (
         f"{f'sort by {order}' if order else 'binpack'}"
         + (f" (files under {compact_below_bytes / 2**20:g} MiB)" if compact_below_bytes is not None else "")
         + f": {result['rewritten_data_files_count']} files -> {result['added_data_files_count']}"
         + (f", {failed} left for the next run after commit conflicts" if failed else "")
+        + deletes
     )
 
 

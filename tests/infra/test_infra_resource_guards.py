@@ -36,7 +36,6 @@ OUTSIDERS = {
 DEPLOYER = outsider(f"cdk-hnb659fds-cfn-exec-role-{ACCOUNT}-{REGION}")
 
 
-
 class Lake:
     """The app's roles, its resource policies and identity policies, with concrete ARNs."""
 
