@@ -325,3 +325,31 @@ def test_a_piece_that_stops_short_fails_the_batch_instead_of_leaving_a_hole():
     settings = FetchSettings(idle_poll_seconds=0.0, max_fetch_seconds=0.3)
     with pytest.raises(BrokerUnavailable, match="stopped at 130"):
         list(_read_range(reader, plan, settings))
+
+
+class FakeContext:
+    def __init__(self, conf: dict[str, str], parallelism: int) -> None:
+        self._conf, self.defaultParallelism = conf, parallelism
+
+    def getConf(self):  # noqa: N802 - SparkContext's name
+        return self
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self._conf.get(key, default)
+
+
+@pytest.mark.parametrize(
+    ("conf", "registered", "slots"),
+    [
+        ({}, 2, 2),  # local: the cores it has
+        # EMR (prod's streaming resources): starts with no executors, may grow to 2 x 4 cores
+        ({"spark.dynamicAllocation.enabled": "true", "spark.dynamicAllocation.maxExecutors": "2",
+          "spark.executor.cores": "4"}, 2, 8),
+        ({"spark.dynamicAllocation.enabled": "true", "spark.executor.cores": "4"}, 2, 2),  # no cap set
+    ],
+)  # fmt: skip
+def test_a_batch_plans_tasks_for_the_cores_the_application_may_grow_to(conf, registered, slots):
+    from jobs.ingest.kafka_source import task_slots
+
+    spark = type("Spark", (), {"sparkContext": FakeContext(conf, registered)})()
+    assert task_slots(spark) == slots

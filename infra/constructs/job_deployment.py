@@ -275,7 +275,12 @@ class JobDeployment(Construct):
         )
         function.add_to_role_policy(
             iam.PolicyStatement(
-                actions=["elasticmapreduce:ListSteps", "elasticmapreduce:CancelSteps"],
+                # AddJobFlowSteps: the step that kills the replaced cluster's applications there.
+                actions=[
+                    "elasticmapreduce:ListSteps",
+                    "elasticmapreduce:CancelSteps",
+                    "elasticmapreduce:AddJobFlowSteps",
+                ],
                 resources=[aws_arn("elasticmapreduce", "cluster/*")],
                 conditions={
                     "StringEquals": {f"elasticmapreduce:ResourceTag/{SUPERVISED_CLUSTER_TAG}": cluster_name}
@@ -307,7 +312,7 @@ class JobDeployment(Construct):
         acknowledge(
             function,
             "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:elasticmapreduce:<AWS::Region>:<AWS::AccountId>:cluster/*]",
-            "ListSteps and CancelSteps on a replaced cluster whose id is not known at deploy time: only "
+            "ListSteps, CancelSteps, AddJobFlowSteps on a replaced cluster (id unknown at deploy time): only "
             f"clusters tagged {SUPERVISED_CLUSTER_TAG}=<this cluster's name> (elasticmapreduce:ResourceTag)",
         )
         acknowledge(

@@ -499,6 +499,9 @@ def _publish(spark, source: SourceTable, staging: str, target: str, progress: Sn
         target_table.configure_table(spark, target, source.key, source.qualified)
         return
     replace = not schema_matches(spark, target, source)
+    # A replaced table keeps its write mode (target_table.write_mode: merge-on-read stays so).
+    kept = dict(spark.sql(f"SHOW TBLPROPERTIES {target}").collect()) if replace else {}
+    modes = {k: kept[k] for k in target_table.WRITE_MODE_KEYS if k in kept}
     frame = spark.table(staging)
     options = writer_options({POSITION_KEY: progress.position.to_json()})
 
@@ -509,7 +512,7 @@ def _publish(spark, source: SourceTable, staging: str, target: str, progress: Sn
             # Source shape changed (resync after DROP/RENAME/type change): replace the table
             # atomically; readers see the old version until the new one is committed.
             writer = writer.using("iceberg")
-            for k, v in TABLE_PROPERTIES.items():
+            for k, v in {**TABLE_PROPERTIES, **modes}.items():
                 writer = writer.tableProperty(k, v)
             writer.createOrReplace()
         else:

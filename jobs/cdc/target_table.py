@@ -6,7 +6,7 @@ import logging
 
 from jobs.cdc.schema_mapping import SourceColumn
 from jobs.common import progress_keys
-from jobs.common.lake_tables import load_iceberg_table
+from jobs.common.lake_tables import PRODUCTS_TABLE, load_iceberg_table
 from jobs.common.snapshot_progress import progress_as_of
 from jobs.common.sql_text import identifier, literal, properties
 
@@ -39,7 +39,7 @@ TABLE_PROPERTIES = {
 WRITE_MODE_KEYS = ("write.merge.mode", "write.update.mode", "write.delete.mode")
 MERGE_ON_READ_MIN_ROWS = 1_000_000
 # Read in full by the ingest on every batch: stays copy-on-write whatever its size.
-JOINED_EVERY_BATCH = frozenset({"dim_db.products"})
+JOINED_EVERY_BATCH = frozenset({".".join(PRODUCTS_TABLE)})
 
 
 def write_mode(table: str, rows: int | None, current: str | None) -> str:

@@ -68,6 +68,7 @@ from jobs.ingest.kafka_source import (
     planned_records,
     read_here,
     split_ranges,
+    task_slots,
 )
 from jobs.ingest.offsets import Offsets, advance, check_read_start, passes
 from jobs.ingest.products_dimension import ensure_products_dimension, read_products
@@ -329,7 +330,7 @@ class ClickstreamIngest(StreamingJob):
                 if read_by == "driver":
                     batch, stats = read_here(self.spark, self._client_config_factory(), ranges, fetch)
                 else:
-                    tasks = self.spark.sparkContext.defaultParallelism
+                    tasks = task_slots(self.spark)
                     busy = [r for r in ranges if r.partition not in self._watermarks or r.min_end > r.start]
                     if len(busy) < tasks:
                         # Fewer busy partitions than cores, as far as the cached watermarks tell: a

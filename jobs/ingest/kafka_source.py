@@ -549,8 +549,15 @@ def _read_range(reader: _PartitionReader, plan: OffsetRange, settings: FetchSett
                 if error.code() == KafkaError._PARTITION_EOF:
                     continue
                 raise BrokerUnavailable(f"fetch {plan.topic}[{plan.partition}] failed: {error}")
-            if plan.end and message.offset() >= plan.end:
-                continue  # the next piece's (prefetched past this piece's end)
+            if plan.end:
+                if message.offset() >= plan.end:
+                    continue  # the next piece's (prefetched past this piece's end)
+                if message.offset() < plan.start:
+                    # The consumer went elsewhere (an offset reset): the previous piece's records.
+                    raise BrokerUnavailable(
+                        f"{plan.topic}[{plan.partition}] piece {plan.start}..{plan.end} got offset "
+                        f"{message.offset()}"
+                    )
             records.append(message)
         read += len(messages)
         if records:
@@ -559,7 +566,9 @@ def _read_range(reader: _PartitionReader, plan: OffsetRange, settings: FetchSett
         if plan.end:
             if reader.position is not None and reader.position >= plan.end:
                 return
-            if time.monotonic() - last_progress >= settings.max_fetch_seconds and not reader.past(plan.end):
+            if reader.past(plan.end):
+                return  # the rest of the piece is control records (transaction markers)
+            if time.monotonic() - last_progress >= settings.max_fetch_seconds:
                 # The batch fails (and is retried) rather than commit a hole before the next piece.
                 raise BrokerUnavailable(
                     f"{plan.topic}[{plan.partition}] piece {plan.start}..{plan.end} stopped at "
@@ -622,10 +631,24 @@ def fetch_ranges(
 _SPARK_TYPES = {"str": "string", "int": "bigint"}
 
 
+def task_slots(spark: SparkSession) -> int:
+    """How many tasks a batch may run at once: under dynamic allocation (EMR's default) the cores the
+    application may grow to, since it starts with few executors and adds them only for pending
+    tasks (sized by the cores it has, a batch would never ask for more); else the cores it has."""
+    conf = spark.sparkContext.getConf()
+    slots = spark.sparkContext.defaultParallelism
+    if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+        executors = conf.get("spark.dynamicAllocation.maxExecutors", "")
+        cores = conf.get("spark.executor.cores", "1")
+        if executors.isdigit() and cores.isdigit():
+            slots = max(slots, int(executors) * int(cores))
+    return slots
+
+
 def plan_frame(spark: SparkSession, ranges: list[OffsetRange]) -> DataFrame:
-    """One row per range, every OffsetRange field a column; at most one partition per core, so a
-    batch is one wave of tasks."""
-    tasks = max(1, min(len(ranges), spark.sparkContext.defaultParallelism))
+    """One row per range, every OffsetRange field a column; at most one partition per task slot, so
+    a batch is one wave of tasks."""
+    tasks = max(1, min(len(ranges), task_slots(spark)))
     index = F.col("id").cast("int") + 1
     columns = []
     for spec in fields(OffsetRange):

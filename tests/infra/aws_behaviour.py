@@ -807,8 +807,9 @@ def handover_gaps(templates: Templates, tag_key: str) -> list[str]:
     """A replacement creates the new cluster before deleting the old (PAGES["cfn-replacement"]),
     and prod's old cluster is termination-protected, so it runs on. The supervisor of the new
     cluster (step_supervisor/handler.py, the handover) must be able to find the old cluster by name
-    (ListClusters: no resource type, PAGES["emr-actions"]) and list and interrupt its steps, which
-    EMR authorizes on the cluster's tags (elasticmapreduce:ResourceTag/<key>, PAGES["emr-tag-access"]).
+    (ListClusters: no resource type, PAGES["emr-actions"]), list and cancel its steps and add the
+    step that stops its applications, which EMR authorizes on the cluster's tags
+    (elasticmapreduce:ResourceTag/<key>, PAGES["emr-tag-access"]).
     So each cluster must carry `tag_key` = its name, and the supervisor's role must be allowed those
     calls on a cluster with that tag and no other. Returns what is missing."""
     resources = _resources(templates)
@@ -836,7 +837,8 @@ def handover_gaps(templates: Templates, tag_key: str) -> list[str]:
             old = f"arn:{PARTITION}:elasticmapreduce:{REGION}:{ACCOUNT}:cluster/j-REPLACED"
             tagged = {f"elasticmapreduce:ResourceTag/{tag_key}": name}
             other = {f"elasticmapreduce:ResourceTag/{tag_key}": f"{name}-other"}
-            for action in ("elasticmapreduce:ListSteps", "elasticmapreduce:CancelSteps"):
+            actions = ("ListSteps", "CancelSteps", "AddJobFlowSteps")  # list, cancel, add the stop step
+            for action in (f"elasticmapreduce:{a}" for a in actions):
                 if evaluate(templates, statements, Request(action, old, context=tagged)) != "allow":
                     gaps.append(f"supervisor: {action} on the replaced cluster is not allowed")
                 for context in (other, {}):

@@ -239,7 +239,7 @@ def test_step_functions_and_the_supervisor_touch_steps_of_this_cluster_only(synt
     emr_statements = [s for s in emr_statements if s not in handover]
     assert sorted(json.dumps(s["Action"]) for s in handover) == [
         '"elasticmapreduce:ListClusters"',
-        '["elasticmapreduce:CancelSteps", "elasticmapreduce:ListSteps"]',
+        '["elasticmapreduce:AddJobFlowSteps", "elasticmapreduce:CancelSteps", "elasticmapreduce:ListSteps"]',
     ]
     (tagged,) = [s for s in handover if "Condition" in s]
     name = synthesized.config.resource_name("emr")

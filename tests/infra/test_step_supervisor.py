@@ -541,29 +541,48 @@ def test_handler_on_a_terminated_cluster_does_nothing(aws):
 # --- handover between clusters (a replaced cluster that still runs) --------------------------
 
 
-def test_steps_on_another_cluster_of_this_name_are_interrupted_and_nothing_starts_until_they_stop():
+APPS = ("lakehouse-cdc", "lakehouse-ingest", "lakehouse-views")
+
+
+def test_another_cluster_s_jobs_are_stopped_there_and_nothing_starts_until_its_stop_step_completed():
+    """Cancelling a step stops its spark-submit client only (the YARN application runs on): the
+    jobs' applications there are killed by a step the supervisor adds to that cluster."""
     old_ingest = step("RUNNING", version="v1")
     old_views = step("PENDING", job="views", version="v1")
-    elsewhere = [sup.OtherCluster("j-OLD", (old_ingest, old_views))]
+    elsewhere = [sup.OtherCluster("j-OLD", (old_ingest, old_views), newest_supervised=old_ingest.created)]
     actions = sup.plan([spec("ingest"), spec("cdc")], [], "WAITING", NOW, POLICY, elsewhere=elsewhere)
-    assert kinds(actions) == ["Cancel", "Cancel", "Wait", "Wait"]
+    assert kinds(actions) == ["Cancel", "Cancel", "StopApps", "Wait", "Wait"]
     assert [(a.cluster_id, a.step_id) for a in actions[:2]] == [
         ("j-OLD", old_ingest.step_id),
         ("j-OLD", old_views.step_id),
     ]
-    assert all("j-OLD" in a.reason for a in actions[2:])
+    assert (actions[2].cluster_id, actions[2].apps) == ("j-OLD", APPS)  # desired here and seen there
+    assert all("j-OLD" in a.reason for a in actions[3:])
 
-    # Interrupted (CANCEL_PENDING): nothing is cancelled twice, and still nothing starts here.
-    stopping = sup.ObservedStep(**{**old_ingest.__dict__, "state": "CANCEL_PENDING"})
-    actions = sup.plan(
-        [spec("ingest")], [], "WAITING", NOW, POLICY, elsewhere=[sup.OtherCluster("j-OLD", (stopping,))]
+    # The stop step runs: nothing is cancelled or added twice, and still nothing starts here.
+    cancelling = sup.ObservedStep(**{**old_ingest.__dict__, "state": "CANCEL_PENDING"})
+    running = sup.OtherCluster(
+        "j-OLD", (cancelling,), stop=("RUNNING", NOW), newest_supervised=old_ingest.created
     )
-    assert kinds(actions) == ["Wait"]
+    assert kinds(sup.plan([spec("ingest")], [], "WAITING", NOW, POLICY, elsewhere=[running])) == ["Wait"]
 
-    # Gone (or only hand-made steps left there): this cluster starts its jobs.
-    assert kinds(
-        sup.plan([spec("ingest")], [], "WAITING", NOW, POLICY, elsewhere=[sup.OtherCluster("j-OLD", ())])
-    ) == ["Start"]
+    # Completed after the newest supervised step there, none active: this cluster starts.
+    done = sup.OtherCluster("j-OLD", (), stop=("COMPLETED", NOW), newest_supervised=old_ingest.created)
+    assert kinds(sup.plan([spec("ingest")], [], "WAITING", NOW, POLICY, elsewhere=[done])) == ["Start"]
+
+
+@pytest.mark.parametrize(
+    ("stop", "newest_supervised"),
+    [
+        (None, None),  # an idle cluster of this name: its applications are stopped once anyway
+        (("FAILED", NOW), NOW - timedelta(minutes=30)),  # the stop step failed: another one
+        (("COMPLETED", NOW - timedelta(minutes=10)), NOW - timedelta(minutes=1)),  # jobs started since
+    ],
+)
+def test_a_cluster_without_a_stop_step_completed_after_its_jobs_gets_one(stop, newest_supervised):
+    elsewhere = [sup.OtherCluster("j-OLD", (), stop=stop, newest_supervised=newest_supervised)]
+    actions = sup.plan([spec("ingest")], [], "WAITING", NOW, POLICY, elsewhere=elsewhere)
+    assert kinds(actions) == ["StopApps", "Wait"]
 
 
 def test_a_same_named_cluster_whose_steps_cannot_be_listed_holds_the_start():
@@ -580,10 +599,39 @@ def test_the_handover_keeps_what_already_runs_here():
     actions = sup.plan(
         [spec()], [mine], "RUNNING", NOW, POLICY, elsewhere=[sup.OtherCluster("j-OLD", (theirs,))]
     )
-    assert actions == [
-        sup.Cancel("ingest", theirs.step_id, theirs.name, "handover to the deployed cluster", "j-OLD"),
-        sup.Keep("ingest", mine.step_id),
+    assert actions[0] == sup.Cancel(
+        "ingest", theirs.step_id, theirs.name, "handover to the deployed cluster", "j-OLD"
+    )
+    assert kinds(actions) == ["Cancel", "StopApps", "Keep"]
+
+
+def test_the_stop_step_kills_exactly_the_named_applications(tmp_path):
+    """The handover step's command run for real with a stand-in `yarn`."""
+    import subprocess
+
+    killed = tmp_path / "killed"
+    rows = [
+        ("                Application-Id", "    Application-Name", "Application-Type", "State"),
+        ("application_1700000000000_0007", "     lakehouse-ingest", "           SPARK", "RUNNING"),
+        ("application_1700000000000_0008", "        lakehouse-cdc", "           SPARK", "RUNNING"),
+        ("application_1700000000000_0009", "lakehouse-ingest-old ", "           SPARK", "RUNNING"),
+        ("application_1700000000000_0010", "     lakehouse-report", "           SPARK", "RUNNING"),
     ]
+    listing = "Total number of applications:4\\n" + "".join("\\t".join(r) + "\\n" for r in rows)
+    yarn = tmp_path / "yarn"
+    yarn.write_text(
+        "#!/usr/bin/env bash\n"
+        f'if [[ $2 == -list ]]; then printf "{listing}"; else echo "$3" >> {killed}; fi\n'
+    )
+    yarn.chmod(0o755)
+    args = ["bash", "-c", sup.STOP_APPS, sup.HANDOVER_STEP, "lakehouse-cdc", "lakehouse-ingest"]
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    result = subprocess.run(args, capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert killed.read_text().split() == ["application_1700000000000_0008", "application_1700000000000_0007"]
+    # A kill that fails fails the step: the supervisor adds another on its next run.
+    yarn.write_text(f'#!/usr/bin/env bash\nif [[ $2 == -list ]]; then printf "{listing}"; else exit 1; fi\n')
+    assert subprocess.run(args, capture_output=True, text=True, env=env).returncode != 0
 
 
 class HandoverEmr:
@@ -632,7 +680,8 @@ def _second_cluster(emr, name: str) -> str:
 
 def test_a_replaced_cluster_hands_its_steps_over(aws, monkeypatch):
     """The deploy replaced the cluster; the old one (termination-protected in prod) still runs the last
-    release's steps. The new cluster's supervisor interrupts them and starts its own once they stopped."""
+    release's jobs. The new cluster's supervisor cancels their steps, kills their applications there
+    with a step of its own, and starts its jobs once that step completed."""
     emr, new_id = aws["emr"], aws["cluster_id"]
     monkeypatch.setenv("CLUSTER_NAME", "lakehouse")
     old_id = _second_cluster(emr, "lakehouse")
@@ -652,22 +701,37 @@ def test_a_replaced_cluster_hands_its_steps_over(aws, monkeypatch):
 
     first = sup.reconcile(settings, HandoverEmr(), sns, datetime.now(UTC))
     assert [(a["action"], a.get("cluster_id")) for a in first["actions"]] == [
-        ("cancel", old_id), ("cancel", old_id), ("wait", None), ("wait", None)
+        ("cancel", old_id), ("cancel", old_id), ("stopapps", old_id), ("wait", None), ("wait", None)
     ]  # fmt: skip
     assert emr.list_steps(ClusterId=new_id)["Steps"] == []
-    assert {s["Status"]["State"] for s in emr.list_steps(ClusterId=old_id)["Steps"]} == {"CANCEL_PENDING"}
+    old_steps = {s["Name"]: s for s in emr.list_steps(ClusterId=old_id)["Steps"]}
+    assert {old_steps[f"lakehouse-{job}@v1"]["Status"]["State"] for job in ("ingest", "cdc-apply")} == {
+        "CANCEL_PENDING"
+    }
+    stop = old_steps[sup.HANDOVER_STEP]
+    assert stop["Config"]["Args"][:4] == ["bash", "-c", sup.STOP_APPS, sup.HANDOVER_STEP]
+    assert stop["Config"]["Args"][4:] == ["lakehouse-cdc-apply", "lakehouse-ingest"]
     # moto runs the first step it gets; neither is cancelled.
     assert {s["Status"]["State"] for s in emr.list_steps(ClusterId=other_env)["Steps"]} <= {
         "PENDING",
         "RUNNING",
     }
 
-    # Still stopping: no second cancel, no start.
+    # Still stopping: no second cancel or stop step, no start.
     second = sup.reconcile(settings, HandoverEmr(), sns, datetime.now(UTC))
     assert [a["action"] for a in second["actions"]] == ["wait", "wait"]
 
-    for fake in backend.clusters[old_id].steps:  # each job committed its batch and exited
-        fake.state = "CANCELLED"
+    for fake in backend.clusters[old_id].steps:  # the steps' clients gone, then the applications
+        fake.state = "CANCELLED" if fake.name != sup.HANDOVER_STEP else "RUNNING"
+    assert [
+        a["action"] for a in sup.reconcile(settings, HandoverEmr(), sns, datetime.now(UTC))["actions"]
+    ] == [
+        "wait",
+        "wait",
+    ]
+    for fake in backend.clusters[old_id].steps:
+        if fake.name == sup.HANDOVER_STEP:
+            fake.state = "COMPLETED"
     third = sup.reconcile(settings, HandoverEmr(), sns, datetime.now(UTC))
     assert [a["action"] for a in third["actions"]] == ["start", "start"]
     assert len(emr.list_steps(ClusterId=new_id)["Steps"]) == 2

@@ -22,19 +22,23 @@ versions of a job never run side by side. Racing give-ups may alert twice; nothi
 
 Handover between clusters (CLUSTER_NAME set): a deploy that replaces the cluster creates the new one
 before CloudFormation deletes the old, and prod's old cluster is termination-protected, so it may
-run on. Its streaming steps (the previous release's) would write the same tables, topic offsets and
-binlog position as this cluster's. So steps of supervised jobs on any other live cluster of the same
-name are interrupted (SEND_INTERRUPT: each job commits its batch and exits), and no step starts here
-while one of them is active. A same-named cluster whose steps this role may not list (a cluster of a
-release before the tag `lakehouse-emr-cluster`) holds the start until an operator terminates it.
+run on. Its streaming applications (the previous release's) would write the same tables, topic
+offsets and binlog position as this cluster's. Cancelling a step stops only its spark-submit client
+(cluster mode: the YARN application runs on), so on every other live cluster of the same name the
+supervisor cancels the supervised steps and adds a step of its own, `lakehouse-handover-stop`,
+that kills the applications of the supervised jobs there (`yarn application -kill`: every job is
+safe against kill -9). Nothing starts here until that step has COMPLETED after the newest
+supervised step of that cluster and none is active there. A same-named cluster whose steps this
+role may not list (a cluster of a release before the tag `lakehouse-emr-cluster`) holds the start
+until an operator terminates it.
 
 Environment: CLUSTER_ID, CLUSTER_NAME (optional: the handover), STREAMING_STEPS_S3_URI (a JSON
 list of {job, version, args} in S3; or STREAMING_STEPS inline, with names), ALERT_TOPIC_ARN, and
 optionally MAX_FAILURES_PER_HOUR (5), BACKOFF_BASE_SECONDS (30), BACKOFF_MAX_SECONDS (900),
 SCHEDULE_PERIOD_SECONDS (300, the schedule's rate).
 IAM: elasticmapreduce:DescribeCluster, ListSteps, AddJobFlowSteps, CancelSteps, AddTags on the
-cluster; ListClusters, and ListSteps and CancelSteps on clusters tagged with its name (the
-handover); sns:Publish on the topic.
+cluster; ListClusters, and ListSteps, CancelSteps and AddJobFlowSteps on clusters tagged with its
+name (the handover); sns:Publish on the topic.
 """
 
 from __future__ import annotations
@@ -112,6 +116,22 @@ class Cancel:
     cluster_id: str | None = None  # None: the supervised cluster; else another cluster (handover)
 
 
+# The step that stops the supervised jobs' YARN applications on a replaced cluster (the handover).
+# Its name has no `@`: never taken for a supervised job's step.
+HANDOVER_STEP = "lakehouse-handover-stop"
+# Kills each running YARN application named as an argument (the jobs' `--name`, infra/emr_steps.py).
+STOP_APPS = (
+    'for app in "$@"; do '
+    "yarn application -list -appStates NEW,NEW_SAVING,SUBMITTED,ACCEPTED,RUNNING 2>/dev/null "
+    "| awk -F '\\t' -v app=\"$app\" "
+    '\'{ id = $1; name = $2; gsub(/^[ ]+|[ ]+$/, "", id); gsub(/^[ ]+|[ ]+$/, "", name); '
+    "if (name == app && id ~ /^application_/) print id }' "
+    '| while read -r id; do echo "handover: stopping $app ($id)" >&2; '
+    'yarn application -kill "$id" >&2 || exit 1; done || exit 1; '
+    "done"
+)
+
+
 @dataclass(frozen=True)
 class OtherCluster:
     """A live cluster with this cluster's name: a replaced one that still runs, typically."""
@@ -119,6 +139,31 @@ class OtherCluster:
     cluster_id: str
     steps: tuple[ObservedStep, ...]  # its active supervised steps
     readable: bool = True  # False: this role may not list its steps (it lacks the lakehouse-emr-cluster tag)
+    # The newest handover step there, as (state, created); and when its newest supervised step was
+    # created (any state), as far as its recent steps show.
+    stop: tuple[str, datetime] | None = None
+    newest_supervised: datetime | None = None
+
+    @property
+    def released(self) -> bool:
+        """No supervised step active there, and a handover step completed after the newest one."""
+        if not self.readable or any(s.state in ACTIVE_STATES for s in self.steps) or self.stop is None:
+            return False
+        state, created = self.stop
+        return state == "COMPLETED" and (self.newest_supervised is None or created >= self.newest_supervised)
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop is not None and self.stop[0] in ACTIVE_STATES
+
+
+@dataclass(frozen=True)
+class StopApps:
+    """Add the handover step to another cluster: kill the YARN applications named `apps` there."""
+
+    cluster_id: str
+    apps: tuple[str, ...]
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -148,7 +193,7 @@ class Note:
     message: str
 
 
-Action = Start | Cancel | Keep | Wait | GiveUp | Note
+Action = Start | Cancel | Keep | Wait | GiveUp | Note | StopApps
 
 
 def plan(
@@ -174,36 +219,45 @@ def plan(
     for step in observed:
         if step.job not in desired_jobs and step.state in CANCELLABLE_STATES:
             actions.append(Cancel(step.job, step.step_id, step.name, "job is no longer deployed"))
-    return _hand_over(actions, elsewhere)
+    seen = {step.job for other in elsewhere for step in other.steps}
+    apps = tuple(sorted(f"lakehouse-{job}" for job in desired_jobs | seen))
+    return _hand_over(actions, elsewhere, apps)
 
 
-def _hand_over(actions: list[Action], elsewhere: Sequence[OtherCluster]) -> list[Action]:
-    """While another cluster of this name may run supervised steps, interrupt those and start
+def _hand_over(
+    actions: list[Action], elsewhere: Sequence[OtherCluster], apps: tuple[str, ...]
+) -> list[Action]:
+    """While another cluster of this name may run supervised jobs, stop them there and start
     nothing here: two releases' jobs on the same tables, offsets and binlog would each stop the
-    other's commits (or worse). Steps already running here are left alone."""
-    holding = [c for c in elsewhere if not c.readable or any(s.state in ACTIVE_STATES for s in c.steps)]
+    other's commits (or worse). Steps already running here are left alone. `apps`: the YARN
+    application names of the jobs (desired here, or seen there) to stop."""
+    holding = [c for c in elsewhere if not c.released]
     if not holding:
         return actions
-    cancels: list[Action] = [
-        Cancel(step.job, step.step_id, step.name, "handover to the deployed cluster", other.cluster_id)
-        for other in holding
-        for step in other.steps
-        if step.state in CANCELLABLE_STATES
-    ]
+    handover: list[Action] = []
     reasons = []
     for other in holding:
-        if other.readable:
-            ids = ", ".join(step.step_id for step in other.steps if step.state in ACTIVE_STATES)
-            reasons.append(f"cluster {other.cluster_id} still runs {ids} (interrupted; they commit and stop)")
-        else:
+        if not other.readable:
             reasons.append(
                 f"cluster {other.cluster_id} has this cluster's name and its steps cannot be listed (a "
                 "release before the tag lakehouse-emr-cluster): terminate it (prod: lift its termination "
                 "protection first)"
             )
+            continue
+        handover += [
+            Cancel(step.job, step.step_id, step.name, "handover to the deployed cluster", other.cluster_id)
+            for step in other.steps
+            if step.state in CANCELLABLE_STATES
+        ]
+        if other.stopping:
+            reasons.append(f"cluster {other.cluster_id}: its jobs' applications are being stopped")
+        else:
+            reason = f"the supervised jobs' applications on cluster {other.cluster_id}"
+            handover.append(StopApps(other.cluster_id, apps, reason))
+            reasons.append(f"cluster {other.cluster_id}: stopping its jobs' applications")
     reason = "handover: " + "; ".join(reasons)
     held = [Wait(a.spec.job, reason) if isinstance(a, Start) else a for a in actions]
-    return cancels + held
+    return handover + held
 
 
 def _plan_job(
@@ -405,7 +459,15 @@ def other_clusters(emr, name: str, own_id: str) -> list[OtherCluster]:
                 found.append(OtherCluster(cluster["Id"], (), readable=False))
                 continue
             steps = tuple(step for step in map(observed_step, summaries) if step is not None)
-            found.append(OtherCluster(cluster["Id"], steps))
+            # Newest first (unfiltered ListSteps): the first page holds the newest of each kind.
+            recent = emr.list_steps(ClusterId=cluster["Id"]).get("Steps", [])
+            stops = [s for s in recent if s.get("Name") == HANDOVER_STEP]
+            stop = None
+            if stops:
+                newest = max(stops, key=lambda s: s["Status"]["Timeline"]["CreationDateTime"])
+                stop = (newest["Status"]["State"], newest["Status"]["Timeline"]["CreationDateTime"])
+            supervised = [s.created for s in map(observed_step, [*recent, *summaries]) if s is not None]
+            found.append(OtherCluster(cluster["Id"], steps, True, stop, max(supervised, default=None)))
     return found
 
 
@@ -480,6 +542,17 @@ def _execute(action: Action, settings: Settings, cluster: Mapping[str, Any], emr
         record["cancel_status"] = info.get("Status")
         if info.get("Status") == "FAILED":  # e.g. the step ended meanwhile: the next run re-reads it
             record["cancel_reason"] = info.get("Reason")
+    elif isinstance(action, StopApps):
+        step = {
+            "Name": HANDOVER_STEP,
+            "ActionOnFailure": "CONTINUE",
+            "HadoopJarStep": {
+                "Jar": "command-runner.jar",
+                "Args": ["bash", "-c", STOP_APPS, HANDOVER_STEP, *action.apps],
+            },
+        }
+        response = emr.add_job_flow_steps(JobFlowId=action.cluster_id, Steps=[step])
+        record["step_id"] = response["StepIds"][0]
     elif isinstance(action, GiveUp):
         subject, message = give_up_alert(action, settings, cluster)
         sns.publish(TopicArn=settings.alert_topic_arn, Subject=subject, Message=message)
