@@ -165,30 +165,22 @@ def test_the_supervisor_runs_every_streaming_job_of_this_version(synthesized):
 def test_a_step_stops_the_jobs_running_yarn_application_before_it_starts(tmp_path):
     """The wrapper run for real with a stand-in `yarn`: it kills exactly the running application
     with the job's name, then execs the command it was given."""
-    from infra.emr_steps import replacing_step_args
-
-    killed = tmp_path / "killed"
-    # As `yarn application -list` prints it: tab-separated, padded columns.
-    rows = [
-        ("                Application-Id", "    Application-Name", "Application-Type", "State"),
-        ("application_1700000000000_0007", "     lakehouse-ingest", "           SPARK", "RUNNING"),
-        ("application_1700000000000_0008", "        lakehouse-cdc", "           SPARK", "RUNNING"),
-        ("application_1700000000000_0009", "lakehouse-ingest-old ", "           SPARK", "RUNNING"),
-    ]
-    listing = "Total number of applications:3\\n" + "".join("\\t".join(r) + "\\n" for r in rows)
-    yarn = tmp_path / "yarn"
-    yarn.write_text(
-        "#!/usr/bin/env bash\n"
-        f'if [[ $2 == -list ]]; then printf "{listing}"; else echo "$3" >> {killed}; fi\n'
-    )
-    yarn.chmod(0o755)
-    args = replacing_step_args("ingest", ["echo", "spark-submit", "started"])
-    import os
     import subprocess
 
-    result = subprocess.run(
-        args, capture_output=True, text=True, env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    import yarn_stand_in
+
+    from infra.emr_steps import replacing_step_args
+
+    env, killed = yarn_stand_in.install(
+        tmp_path,
+        [
+            ("application_1700000000000_0007", "     lakehouse-ingest"),
+            ("application_1700000000000_0008", "        lakehouse-cdc"),
+            ("application_1700000000000_0009", "lakehouse-ingest-old "),
+        ],
     )
+    args = replacing_step_args("ingest", ["echo", "spark-submit", "started"])
+    result = subprocess.run(args, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     assert killed.read_text().split() == ["application_1700000000000_0007"]
     assert result.stdout.strip() == "spark-submit started"

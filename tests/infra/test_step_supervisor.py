@@ -609,28 +609,21 @@ def test_the_stop_step_kills_exactly_the_named_applications(tmp_path):
     """The handover step's command run for real with a stand-in `yarn`."""
     import subprocess
 
-    killed = tmp_path / "killed"
-    rows = [
-        ("                Application-Id", "    Application-Name", "Application-Type", "State"),
-        ("application_1700000000000_0007", "     lakehouse-ingest", "           SPARK", "RUNNING"),
-        ("application_1700000000000_0008", "        lakehouse-cdc", "           SPARK", "RUNNING"),
-        ("application_1700000000000_0009", "lakehouse-ingest-old ", "           SPARK", "RUNNING"),
-        ("application_1700000000000_0010", "     lakehouse-report", "           SPARK", "RUNNING"),
+    import yarn_stand_in
+
+    apps = [
+        ("application_1700000000000_0007", "     lakehouse-ingest"),
+        ("application_1700000000000_0008", "        lakehouse-cdc"),
+        ("application_1700000000000_0009", "lakehouse-ingest-old "),
+        ("application_1700000000000_0010", "     lakehouse-report"),
     ]
-    listing = "Total number of applications:4\\n" + "".join("\\t".join(r) + "\\n" for r in rows)
-    yarn = tmp_path / "yarn"
-    yarn.write_text(
-        "#!/usr/bin/env bash\n"
-        f'if [[ $2 == -list ]]; then printf "{listing}"; else echo "$3" >> {killed}; fi\n'
-    )
-    yarn.chmod(0o755)
+    env, killed = yarn_stand_in.install(tmp_path, apps)
     args = ["bash", "-c", sup.STOP_APPS, sup.HANDOVER_STEP, "lakehouse-cdc", "lakehouse-ingest"]
-    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     result = subprocess.run(args, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     assert killed.read_text().split() == ["application_1700000000000_0008", "application_1700000000000_0007"]
     # A kill that fails fails the step: the supervisor adds another on its next run.
-    yarn.write_text(f'#!/usr/bin/env bash\nif [[ $2 == -list ]]; then printf "{listing}"; else exit 1; fi\n')
+    env, _ = yarn_stand_in.install(tmp_path, apps, kill_fails=True)
     assert subprocess.run(args, capture_output=True, text=True, env=env).returncode != 0
 
 
