@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -249,6 +250,14 @@ def aws_group() -> None:
     """Check and operate an AWS environment (boto3; --profile/--region as for the AWS CLI)."""
 
 
+def _cdk_environment(repo: Path, region: str) -> dict[str, str]:
+    """The environment `lakehouse aws` runs the CDK CLI in: the CLI on the Node 22 `make setup`
+    installed, cdk.json's `python3` the venv's, and the session's region."""
+    binaries = os.pathsep.join((str(repo / "node_modules" / ".bin"), str(Path(sys.executable).parent)))
+    path = f"{binaries}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, "PATH": path, "AWS_REGION": region, "AWS_DEFAULT_REGION": region}
+
+
 def _aws_session(region: str | None, profile: str | None):
     """(boto3 session, account id), or one clear error line."""
     import boto3
@@ -337,8 +346,6 @@ def plan_upgrade(
 ) -> None:
     """Before `cdk deploy`: what this version replaces or deletes in the deployed stacks and what to
     do first; exit 1 when a resource holding data would go, 2 when no plan can be made."""
-    import os
-
     from lakehouse.aws import upgrade_plan
 
     try:
@@ -350,10 +357,7 @@ def plan_upgrade(
     if not cdk.exists():
         console.print(f"[red]error:[/] the CDK CLI is not installed in {repo}: run `make setup` there")
         sys.exit(2)
-    binaries = os.pathsep.join((str(repo / "node_modules" / ".bin"), str(Path(sys.executable).parent)))
-    env = {**os.environ, "PATH": f"{binaries}{os.pathsep}{os.environ.get('PATH', '')}",
-           "AWS_REGION": session.region_name, "AWS_DEFAULT_REGION": session.region_name}  # fmt: skip
-    run_cdk = upgrade_plan.cdk_runner(cdk, repo, env)
+    run_cdk = upgrade_plan.cdk_runner(cdk, repo, _cdk_environment(repo, session.region_name))
     try:
         if assembly is None:
             assembly = repo / "cdk.out" / env_name
@@ -399,7 +403,6 @@ def plan_upgrade(
 
 def _park_command(parking: bool):
     def command(env_name: str, region: str | None, profile: str | None) -> None:
-        import os
         import subprocess
 
         from infra.config import DeploymentConfig
@@ -419,15 +422,9 @@ def _park_command(parking: bool):
         def run_cdk(args) -> None:
             command = [str(cdk), *args, *(["--profile", profile] if profile else [])]
             console.print(f"  $ {' '.join(command[1:])}")
-            # The CDK CLI on the Node 22 `make setup` installed, and cdk.json's `python3` the venv's.
-            path = os.pathsep.join((str(repo / "node_modules" / ".bin"), str(Path(sys.executable).parent)))
-            env = {
-                **os.environ,
-                "PATH": f"{path}{os.pathsep}{os.environ.get('PATH', '')}",
-                "AWS_REGION": session.region_name,
-                "AWS_DEFAULT_REGION": session.region_name,
-            }
-            done = subprocess.run(command, cwd=repo, env=env, check=False)
+            done = subprocess.run(
+                command, cwd=repo, env=_cdk_environment(repo, session.region_name), check=False
+            )
             if done.returncode:
                 raise park.ParkError(f"cdk {args[0]} failed (exit {done.returncode}): see its output above")
 

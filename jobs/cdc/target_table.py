@@ -8,7 +8,7 @@ from jobs.cdc.schema_mapping import SourceColumn
 from jobs.common import progress_keys
 from jobs.common.lake_tables import PRODUCTS_TABLE, load_iceberg_table
 from jobs.common.snapshot_progress import progress_as_of
-from jobs.common.sql_text import identifier, literal, properties
+from jobs.common.sql_text import identifier, properties
 
 # Snapshot summary key holding the binlog position a commit brings the table up to (JSON: file,
 # pos, gtid). Written in the same commit as the rows, so data and position never disagree.
@@ -80,7 +80,7 @@ UNSYNCED_PROPERTY = "lakehouse.cdc.unsynced-columns"
 
 def set_unsynced_columns(spark, table: str, names: frozenset[str]) -> None:
     value = ",".join(sorted(names))
-    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('{UNSYNCED_PROPERTY}'={literal(value)})")
+    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({properties({UNSYNCED_PROPERTY: value})})")
 
 
 def unsynced_columns(spark, table: str) -> frozenset[str]:
@@ -96,7 +96,7 @@ def clear_marks(spark, table: str) -> None:
 
 
 def mark_source_dropped(spark, table: str, where: str) -> None:
-    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('{DROPPED_PROPERTY}'={literal(where)})")
+    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({properties({DROPPED_PROPERTY: where})})")
 
 
 def source_dropped(spark, table: str) -> str | None:
