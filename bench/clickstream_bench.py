@@ -25,11 +25,11 @@ TARGET_RATIO = 0.6
 TARGET_P95_SECONDS = 3.0
 
 
-def _create_topic(bootstrap: str, topic: str) -> None:
+def create_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})  # keep it alive until the future resolves
-    admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
 
 
 def raw_consume_rate(bootstrap: str, topic: str, expected: int) -> float:
@@ -50,7 +50,7 @@ def raw_consume_rate(bootstrap: str, topic: str, expected: int) -> float:
     return read / (last - began)
 
 
-def _ingest(spark, config, topic: str, fact: str, max_records: int):
+def new_ingest(spark, config, topic: str, fact: str, max_records: int):
     from jobs.common.run_modes import StopRequest
     from jobs.ingest.job import ClickstreamIngest, IngestSettings
     from jobs.ingest.kafka_source import FetchSettings
@@ -74,9 +74,9 @@ def warm_up(spark, config) -> None:
     from jobs.gendata.generator import generate_records, produce, producer_config
 
     topic = "bench_warmup"
-    _create_topic(config.kafka.bootstrap, topic)
+    create_topic(config.kafka.bootstrap, topic)
     produce(producer_config(config), topic, generate_records(30_000, seed=2), 30_000)
-    ingest, _ = _ingest(spark, config, topic, config.table("ods_behavior", "bench_warmup"), 200_000)
+    ingest, _ = new_ingest(spark, config, topic, config.table("ods_behavior", "bench_warmup"), 200_000)
     while ingest.run_batch():
         pass
 
@@ -84,7 +84,7 @@ def warm_up(spark, config) -> None:
 def backlog_throughput(spark, config, topic: str, backlog: int) -> tuple[float, int]:
     """Records per second of wall time, from the first fetch until the last commit (the held
     rejects' one included) is done."""
-    ingest, _ = _ingest(spark, config, topic, config.table("ods_behavior", f"{topic}_fact"), 200_000)
+    ingest, _ = new_ingest(spark, config, topic, config.table("ods_behavior", f"{topic}_fact"), 200_000)
     handled = 0
     began = time.monotonic()
     while handled < backlog:
@@ -190,9 +190,9 @@ def freshness(spark, config, catalog_path: Path, rate: float, seconds: float) ->
     from jobs.gendata.generator import generate_records, produce, producer_config
 
     topic = "bench_fresh"
-    _create_topic(config.kafka.bootstrap, topic)
+    create_topic(config.kafka.bootstrap, topic)
     fact = config.table("ods_behavior", "bench_fresh")
-    ingest, stop = _ingest(spark, config, topic, fact, 50_000)
+    ingest, stop = new_ingest(spark, config, topic, fact, 50_000)
     job = threading.Thread(target=run_batches, args=(ingest.run_batch, RunMode(0.5), stop), daemon=True)
     with _VisibleOffsets(catalog_path, "ods_behavior", "bench_fresh", topic) as watcher:
         job.start()
@@ -239,7 +239,7 @@ def run() -> list[dict]:
         runs = []
         for run_number in range(1, int(os.environ.get("BENCH_RUNS", "5")) + 1):
             topic = f"bench_backlog_{run_number}"
-            _create_topic(config.kafka.bootstrap, topic)
+            create_topic(config.kafka.bootstrap, topic)
             summary = produce(
                 producer_config(config), topic, generate_records(backlog, seed=run_number), backlog
             )

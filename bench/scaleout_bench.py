@@ -21,17 +21,11 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from bench.clickstream_bench import create_topic, new_ingest
 from bench.private_stack import private_stack, row
 
 EXECUTOR_MEMORY_MB = 1536
 MEASURED = "scaleout-measured"  # the job group of the measured ingest (the event log keeps it)
-
-
-def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
 
 
 def _cluster_config(config, executors: int):
@@ -57,26 +51,8 @@ def _spark(config, executors: int, event_dir: Path):
     return build_spark(config, f"scaleout-{executors}", extra)
 
 
-def _ingest(spark, config, topic: str):
-    from jobs.common.run_modes import StopRequest
-    from jobs.ingest.job import ClickstreamIngest, IngestSettings
-    from jobs.ingest.kafka_source import FetchSettings
-
-    fact = config.table("ods_behavior", f"{topic}_fact")
-    settings = IngestSettings(
-        topic=topic,
-        fact_table=fact,
-        rejects_table=f"{fact}_rejects",
-        products_table=config.table("dim_db", "products"),
-        fetch=FetchSettings(max_records_per_partition=200_000),
-    )
-    ingest = ClickstreamIngest(spark, config, settings, StopRequest())
-    ingest.prepare()
-    return ingest
-
-
 def _drain(spark, config, topic: str, expected: int) -> tuple[float, int]:
-    ingest = _ingest(spark, config, topic)
+    ingest, _ = new_ingest(spark, config, topic, config.table("ods_behavior", f"{topic}_fact"), 200_000)
     handled, began = 0, time.monotonic()
     while handled < expected:
         records = ingest.run_batch()
@@ -127,7 +103,7 @@ def run() -> list[dict]:
             config = _cluster_config(base, executors)
             warm, topic = f"scaleout_warm_{executors}", f"scaleout_backlog_{executors}"
             for name, count, seed in ((warm, 30_000, 7), (topic, backlog, 8 + executors)):
-                _create_topic(config.kafka.bootstrap, name, partitions)
+                create_topic(config.kafka.bootstrap, name, partitions)
                 produce(producer_config(config), name, generate_records(count, seed=seed), count)
             events = Path(tempfile.mkdtemp(prefix=f"scaleout-{executors}-"))
             spark = _spark(config, executors, events)
