@@ -7,8 +7,9 @@ Measured, on the 2-vCPU development box (bench/results/RESULTS.md and the issue-
 * CDC applying changes: 17,000-20,000 changes/s; the snapshot: 117,000-184,000 rows/s.
 
 Extrapolated, not measured here: an EMR vCPU is a hyperthread, so it is counted as half of one of
-these cores (`EMR_VCPU_SHARE`); and throughput is taken to add up across executors, which the
-scale-out bench is meant to show (issue 49, left open).
+these cores (`EMR_VCPU_SHARE`); and throughput is taken to add up across executors: the scale-out
+bench (`bench/scaleout_bench.py`) shows a batch's tasks on both executors, but on this 2-core box
+not the throughput gain.
 """
 
 from __future__ import annotations
