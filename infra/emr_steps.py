@@ -17,8 +17,8 @@ ARTIFACTS_PREFIX = "emr"
 BOOTSTRAP_PREFIX = "bootstrap"
 STEP_NAME_PREFIX = "lakehouse-"
 STREAMING_STEPS_FILE = "streaming-steps.json"  # the step supervisor's desired steps, beside the archive
-# A tag on the cluster, valued with its name: the supervisor of a replacing cluster may list and
-# interrupt the steps of a cluster carrying its own name (the handover, step_supervisor/handler.py).
+# A tag on the cluster, valued with its name: the supervisor of a replacing cluster may list, cancel
+# and add steps on a cluster carrying its own name (the handover, step_supervisor/handler.py).
 SUPERVISED_CLUSTER_TAG = "lakehouse-emr-cluster"
 
 # Long-running jobs kept alive by the step supervisor, and batch jobs run to completion (jobs/registry.py).

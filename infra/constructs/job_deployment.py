@@ -268,7 +268,8 @@ class JobDeployment(Construct):
             )
         )
         # The handover: a replaced cluster of this name that still runs (prod's is termination-
-        # protected) gets its streaming steps interrupted before this cluster starts its own.
+        # protected) gets its streaming steps cancelled and their applications killed (a step the
+        # supervisor adds there) before this cluster starts its own.
         # ListClusters has no resource type; the others only on a cluster tagged with this name.
         function.add_to_role_policy(
             iam.PolicyStatement(actions=["elasticmapreduce:ListClusters"], resources=["*"])
