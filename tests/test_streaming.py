@@ -199,6 +199,9 @@ def verify(stack: Stack, *args: str) -> tuple[int, dict]:
     except json.JSONDecodeError:
         raise AssertionError(f"not JSON:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}") from None
     assert report["exit_code"] == result.returncode
+    # every run's findings are also kept beside the tables (locally as printed, keys included)
+    stored = json.loads(Path(report.pop("findings_stored_at")).read_text())
+    assert stored == report, "the stored findings are not what verify printed"
     return result.returncode, {(c["check"], c["table"]): c for c in report["checks"]}
 
 

@@ -135,6 +135,60 @@ def test_exit_codes(statuses, code) -> None:
     assert total["Value"] == (1.0 if "mismatch" in statuses else 0.0)
 
 
+def _found_everywhere() -> list[CheckResult]:
+    offsets = CheckResult("kafka -> clicks", "ods_behavior.clickevent")
+    offsets.findings.append(Finding("missing offsets", 3, ("partition 0: 5-7",), "roll back"))
+    keys = CheckResult("mysql -> dimension", "dim_db.user_member")
+    keys.findings.append(
+        Finding("rows that differ", 12, ("key alice@example.com",), "resync", row_values=True)
+    )
+    return [offsets, keys, CheckResult("clicks -> views", "ads_behavior.product_views", compared=4)]
+
+
+def test_on_aws_row_values_stay_out_of_the_output_and_the_stored_file_has_them(spark, lake_config, tmp_path):
+    """Issue 50, item 9: on AWS, verify's stdout is in the EMR logs bucket, which has no read guard.
+    Primary keys and groups (row values) are replaced by where the full findings are stored (beside
+    the tables, under the lake's read guard); offset ranges (lineage) stay; counts and the exit code
+    are those of the full findings. Locally, everything is printed."""
+    import json
+    from dataclasses import replace
+
+    from jobs.config import LakehouseConfig
+    from jobs.verify.__main__ import FINDINGS_FOLDER, printable, store_findings
+
+    results = _found_everywhere()
+    config = replace(lake_config, catalog=replace(lake_config.catalog, warehouse=str(tmp_path / "wh")))
+    stored_at = store_findings(spark, config, 0.0, results)
+    assert stored_at == f"{tmp_path}/wh/{FINDINGS_FOLDER}/verify-19700101T000000Z.json"
+    stored = json.loads((tmp_path / "wh" / FINDINGS_FOLDER / "verify-19700101T000000Z.json").read_text())
+    assert stored["checks"][1]["findings"][0]["examples"] == ["key alice@example.com"]
+    assert stored["exit_code"] == 1
+
+    assert printable(results, lake_config, stored_at) == results  # local: all of it
+    aws = LakehouseConfig.aws(
+        env="dev", region="eu-west-1", kafka_bootstrap="b:9098", mysql_host="db", mysql_cdc_secret_id="s"
+    )
+    shown = printable(results, aws, stored_at)
+    text = json.dumps([r.to_dict() for r in shown])
+    assert "alice" not in text and "partition 0: 5-7" in text
+    assert shown[1].findings[0].examples == (f"examples (row values) in {stored_at}",)
+    assert [r.mismatches for r in shown] == [3, 12, 0] and exit_code(shown) == 1
+    unstored = printable(results, aws, None)
+    assert "alice" not in json.dumps([r.to_dict() for r in unstored])
+
+
+def test_findings_that_cannot_be_stored_keep_the_verdict(spark, lake_config, tmp_path) -> None:
+    """A warehouse the file system cannot write (here a file where the folder should be): no path, a
+    warning, and verify goes on to its verdict."""
+    from dataclasses import replace
+
+    from jobs.verify.__main__ import store_findings
+
+    (tmp_path / "wh").write_text("a file, not a folder")
+    config = replace(lake_config, catalog=replace(lake_config.catalog, warehouse=str(tmp_path / "wh")))
+    assert store_findings(spark, config, 0.0, _found_everywhere()) is None
+
+
 def test_verify_cannot_run_exit_2_when_mysql_is_down_and_notes_a_dropped_source(spark, lake_config) -> None:
     """MySQL unreachable: every dimension check "cannot run" and the verdict is exit 2, never a match.
     A source table that is gone (dropped) is a note, not a failure (the lake keeps its rows on purpose)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from collections.abc import Sequence
 
 from jobs.common.job_args import (
@@ -21,12 +22,24 @@ from jobs.common.job_args import (
     reports_config_errors,
 )
 from jobs.config import ConfigError, LakehouseConfig
-from jobs.verify.findings import CheckResult, as_json, exit_code, guarded, metric_data, render, timed
+from jobs.verify.findings import (
+    CheckResult,
+    as_json,
+    exit_code,
+    guarded,
+    metric_data,
+    redacted,
+    render,
+    timed,
+)
 
 log = logging.getLogger("verify")
 
 VERIFY_SERVER_ID = 4290  # its own binlog reader beside CDC's (4201)
 CLICKS, VIEWS = "ods_behavior.clickevent", "ads_behavior.product_views"
+# Every run's full findings, as JSON, beside the tables: the lake's read guard covers them (the EMR
+# logs bucket, where the step's stdout goes, has none), and `lakehouse verify` prints the path.
+FINDINGS_FOLDER = "_lakehouse/verify"
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -167,6 +180,36 @@ def run_checks(spark, config: LakehouseConfig, tables: list[str], server_id: int
     return results
 
 
+def findings_uri(spark, config: LakehouseConfig, started: float) -> str:
+    catalog = config.catalog
+    warehouse = catalog.warehouse or spark.conf.get(f"spark.sql.catalog.{catalog.name}.warehouse")
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
+    return f"{warehouse.rstrip('/')}/{FINDINGS_FOLDER}/verify-{stamp}.json"
+
+
+def store_findings(spark, config: LakehouseConfig, started: float, results: list[CheckResult]) -> str | None:
+    """Write the findings beside the tables with the cluster's file system (S3 on EMR, a folder
+    locally); where they went, or None when they could not be written."""
+    uri = None
+    try:
+        uri = findings_uri(spark, config, started)
+        path = spark._jvm.org.apache.hadoop.fs.Path(uri)
+        stream = path.getFileSystem(spark._jsc.hadoopConfiguration()).create(path, True)
+        try:
+            stream.write(bytearray(as_json(results).encode()))
+        finally:
+            stream.close()
+        return uri
+    except Exception as exc:  # noqa: BLE001 - the verdict stands; only the examples go unlisted
+        log.warning("could not store the findings at %s: %s", uri, (str(exc) or repr(exc)).splitlines()[0])
+        return None
+
+
+def printable(results: list[CheckResult], config: LakehouseConfig, stored_at: str | None) -> list:
+    """What verify prints: on AWS its stdout lands in the EMR logs bucket, so no row values there."""
+    return results if config.is_local else redacted(results, stored_at)
+
+
 def publish(config: LakehouseConfig, results: list[CheckResult]) -> None:
     """The mismatch counts to CloudWatch (the alarm's input); a failure here changes no verdict."""
     import boto3
@@ -188,8 +231,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jobs.common.spark_session import build_spark, stop_spark
 
     spark = build_spark(config, "verify")
+    started = time.time()
     try:
         results = run_checks(spark, config, args.tables, args.server_id)
+        stored_at = store_findings(spark, config, started, results) if results else None
     except Exception as exc:  # noqa: BLE001 - e.g. the catalog unreachable: no verdict, not a mismatch
         log.error("verify cannot run: %s: %s", type(exc).__name__, exc)
         return 2
@@ -197,15 +242,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop_spark(spark)
     if not results:
         raise ConfigError(f"--tables {','.join(args.tables)}: no such table to verify")
+    results = printable(results, config, stored_at)
     if not config.is_local:
         publish(config, results)
     if args.json:
-        print(as_json(results))
+        print(as_json(results, stored_at))
     else:
         from rich.console import Console
 
         # Step logs are no terminal: rich would wrap the table at 80 columns.
         render(results, Console() if sys.stdout.isatty() else Console(width=140))
+        if stored_at:
+            print(f"verify: findings stored at {stored_at}")
     return exit_code(results)
 
 

@@ -223,5 +223,5 @@ def check_dimension(
     for kind, keys in kinds:
         if keys:
             examples = tuple("key " + ", ".join(k) for k in sorted(keys)[:EXAMPLES])
-            result.findings.append(Finding(kind, len(keys), examples, hint))
+            result.findings.append(Finding(kind, len(keys), examples, hint, row_values=True))
     return result

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 EXAMPLES = 10  # differences listed per finding; the count covers them all
 
@@ -25,6 +25,9 @@ class Finding:
     count: int  # how many offsets, rows or groups
     examples: tuple[str, ...]  # the first EXAMPLES, as offset ranges or keys
     hint: str
+    # The examples are the source's row values (primary keys, product names), not lineage (offset
+    # ranges). On AWS they stay out of the step's stdout (the EMR logs bucket has no read guard).
+    row_values: bool = False
 
 
 @dataclass
@@ -67,6 +70,20 @@ def guarded(name: str, table: str, check, *args) -> CheckResult:
         return CheckResult(name, table, error=f"{type(exc).__name__}: {first}")
 
 
+def redacted(results: Sequence[CheckResult], stored_at: str | None) -> list[CheckResult]:
+    """`results` with the examples that are row values replaced by where the full findings are (or by
+    nothing, when they could not be stored): for output that ends up in logs."""
+    where = f"in {stored_at}" if stored_at else "not stored (see the warning above)"
+    out = []
+    for r in results:
+        findings = [
+            replace(f, examples=(f"examples (row values) {where}",)) if f.row_values else f
+            for f in r.findings
+        ]
+        out.append(replace(r, findings=findings))
+    return out
+
+
 def exit_code(results: Sequence[CheckResult]) -> int:
     if any(r.status == MISMATCH for r in results):
         return 1
@@ -92,10 +109,11 @@ def metric_data(results: Sequence[CheckResult]) -> list[dict]:
     return [datum(sum(r.mismatches for r in ran)), *(datum(r.mismatches, Table=r.table) for r in ran)]
 
 
-def as_json(results: Sequence[CheckResult]) -> str:
-    return json.dumps(
-        {"exit_code": exit_code(results), "checks": [r.to_dict() for r in results]}, indent=2, default=str
-    )
+def as_json(results: Sequence[CheckResult], stored_at: str | None = None) -> str:
+    report = {"exit_code": exit_code(results), "checks": [r.to_dict() for r in results]}
+    if stored_at:
+        report["findings_stored_at"] = stored_at
+    return json.dumps(report, indent=2, default=str)
 
 
 def render(results: Sequence[CheckResult], console) -> None:

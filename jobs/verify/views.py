@@ -59,7 +59,9 @@ def check_views(clicks: DataFrame, views: DataFrame, watermark: Watermark, table
             f"{r['productId']}/{r['name']}/{r['product_price']}: {r['actual']} counted of {r['expected']}"
             for r in differing[:EXAMPLES]
         )
-        result.findings.append(Finding("groups with a wrong count", len(differing), examples, VIEWS_HINT))
+        result.findings.append(
+            Finding("groups with a wrong count", len(differing), examples, VIEWS_HINT, row_values=True)
+        )
     if not watermark:
         result.notes.append("the view has counted nothing yet")
     return result

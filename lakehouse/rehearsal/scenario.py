@@ -467,11 +467,21 @@ class Rehearsal:
             "mysql -> dimension dim_db.user_member",
             "clicks -> views ads_behavior.product_views",
         )
-        return [
+        problems = [
             f"verify step: {what} did not run clean on something (found {found.get(what)})"
             for what in expected
             if found.get(what, ("", 0))[0] != "ok" or found[what][1] < 1
         ]
+        # The full findings go beside the tables (the stdout above is in the EMR logs bucket).
+        stored = re.search(r"^verify: findings stored at (\S+)$", output, re.M)
+        if stored is None:
+            return [*problems, "verify step: did not store its findings beside the tables"]
+        path = LocalS3(self.subs.local.s3_root).path_of(stored.group(1))
+        if not path.is_file() or json.loads(path.read_text())["exit_code"] != 0:
+            problems.append(f"verify step: no clean findings file at {stored.group(1)}")
+        else:
+            self.log(f"verify step: findings stored at {stored.group(1)}")
+        return problems
 
     def _print_summary(self, seconds: float) -> None:
         self.log("")

@@ -221,11 +221,19 @@ def test_only_the_seeding_the_deploy_and_the_cdc_reader_read_the_passwords(lake)
     assert generated(cdc) == {"generated-SourceDatabaseSeedFunctionServiceRole", named(lake, "emr-instance")}
 
 
-def test_named_lake_readers_and_security_admins_are_let_in(tmp_path) -> None:
-    analyst, operator = outsider("analysts"), outsider("tls-operator")
-    env = synthesize("prod", tmp_path / "prod", {"lake_readers": analyst, "security_admins": operator})
-    lake = Lake(env)
-    outsiders = {*OUTSIDERS, analyst, operator}
+ANALYST, TLS_OPERATOR = outsider("analysts"), outsider("tls-operator")
+
+
+@pytest.fixture(scope="module")
+def prod_with_readers(tmp_path_factory) -> Lake:
+    """prod with a role in `lake_readers` and one in `security_admins`."""
+    context = {"lake_readers": ANALYST, "security_admins": TLS_OPERATOR}
+    return Lake(synthesize("prod", tmp_path_factory.mktemp("cdk") / "prod-readers", context))
+
+
+def test_named_lake_readers_and_security_admins_are_let_in(prod_with_readers) -> None:
+    lake = prod_with_readers
+    outsiders = {*OUTSIDERS, ANALYST, TLS_OPERATOR}
     table_file = lake.object_arn("LakeWarehouseBucket", "warehouse/ods_behavior.db/clickevent/data/1.parquet")
     tls_zip = lake.object_arn("LakeArtifactsBucket", "security/emr-tls-certificates.zip")
     assert "analysts" in lake.who_can("s3:GetObject", table_file, outsiders)
@@ -332,3 +340,120 @@ def test_a_retained_bucket_or_secret_keeps_its_guard_when_the_stack_is_destroyed
         mutated = copy.deepcopy(env.templates)
         del mutated[concern]["Resources"][lid]["DeletionPolicy"]
         assert guards_lost_on_destroy(mutated) == [f"{concern}/{lid}"]
+
+
+# docs/security.md's table "what | who can": each row's probes (action, bucket or secret, key) ...
+BUCKETS, SECRETS = (
+    ("LakeWarehouseBucket", "LakeArtifactsBucket"),
+    ("SourceDatabaseAdminSecret", "SourceDatabaseCdcSecret"),
+)
+TABLE_FILE, CHECKPOINT = "warehouse/dim_db.db/products/data/0.parquet", "checkpoints/clickstream/offsets/7"
+TLS_ZIP = "security/emr-tls-certificates.zip"
+
+
+def on_buckets(*actions: str) -> list[tuple]:
+    return [(a, b, "") for a in actions for b in BUCKETS]
+
+
+def on_secrets(*actions: str) -> list[tuple]:
+    return [(a, s, None) for a in actions for s in SECRETS]
+
+
+DOCUMENTED_ROWS = {
+    "read the tables' files and checkpoints": [
+        ("s3:GetObject", "LakeWarehouseBucket", TABLE_FILE),
+        ("s3:GetObjectVersion", "LakeWarehouseBucket", CHECKPOINT),
+        ("s3:GetObject", "LakeWarehouseBucket", "warehouse/_lakehouse/verify/verify-20261129T041500Z.json"),
+    ],
+    "write them": [("s3:PutObject", "LakeWarehouseBucket", k) for k in (TABLE_FILE, CHECKPOINT)],
+    "read Athena's results": [("s3:GetObject", "LakeWarehouseBucket", "athena-results/q.csv")],
+    "read the EMR TLS private key": [("s3:GetObject", "LakeArtifactsBucket", TLS_ZIP)],
+    "write it": [("s3:PutObject", "LakeArtifactsBucket", TLS_ZIP)],
+    "write the bootstrap scripts": [
+        ("s3:PutObject", "LakeArtifactsBucket", "bootstrap/configure-iceberg.sh")
+    ],
+    "write the job code": [
+        ("s3:PutObject", "LakeArtifactsBucket", "emr/0123abcd/emr_step.py"),
+        ("s3:PutObject", "LakeArtifactsBucket", "emr/0123abcd/streaming-steps.json"),
+    ],
+    "read the RDS admin password": [("secretsmanager:GetSecretValue", "SourceDatabaseAdminSecret", None)],
+    "read the CDC user's password": [("secretsmanager:GetSecretValue", "SourceDatabaseCdcSecret", None)],
+    "change or delete any of these policies": [
+        *on_buckets("s3:PutBucketPolicy", "s3:DeleteBucketPolicy"),
+        *on_secrets("secretsmanager:PutResourcePolicy", "secretsmanager:DeleteResourcePolicy"),
+    ],
+    "change the buckets' versioning, lifecycle or replication": [
+        *on_buckets(*BUCKET_CONFIGURATION_ACTIONS),
+        *on_secrets(*PASSWORD_WRITE_ACTIONS),
+    ],
+}
+# ... and the table's words for the principals (names as `who_can` gives them).
+DOCUMENTED_WHO = {
+    "the EMR instance role": lambda lake: named(lake, "emr-instance"),
+    "the TLS function": lambda lake: named(lake, "emr-tls"),
+    "`lake_readers`": lambda lake: "analysts",
+    "`security_admins`": lambda lake: "tls-operator",
+    "CDK's bootstrap upload": lambda lake: named(lake, "bootstrap-upload"),
+    "CDK's jobs upload": lambda lake: named(lake, "jobs-upload"),
+    "the seeding function": lambda lake: "generated-SourceDatabaseSeedFunctionServiceRole",
+    "CloudFormation's execution role": lambda lake: DEPLOYER.rpartition("/")[2],
+    "CDK's auto-delete function": lambda lake: (
+        "generated-CustomS3AutoDeleteObjectsCustomResourceProviderRole"
+    ),
+}
+
+
+def documented_access_table(text: str) -> dict[str, str]:
+    """docs/security.md's table whose header is `| what | who can … |`: {what: who}."""
+    lines = text.splitlines()
+    (start,) = [i for i, line in enumerate(lines) if line.startswith("| what | who can")]
+    rows = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        what, who = (cell.strip() for cell in line.strip("|").split("|"))
+        rows[what] = who
+    return rows
+
+
+def documented_who(lake: Lake, who: str) -> set[str]:
+    """The principals a cell names; in prod not those it names for dev only ("in dev also …")."""
+    if lake.env.config.env_name != "dev":
+        who = who.split("in dev also")[0]
+    return {name(lake) for phrase, name in DOCUMENTED_WHO.items() if phrase in who}
+
+
+@pytest.fixture(scope="module", params=["dev", "prod"])
+def documented_lake(request, prod_with_readers) -> Lake:
+    if request.param == "prod":
+        return prod_with_readers
+    return Lake(request.getfixturevalue("dev"))
+
+
+def test_the_security_docs_table_names_exactly_who_the_templates_let_in(documented_lake) -> None:
+    """docs/security.md's "who can" table, read as the templates resolve it: for each row, the roles
+    it names are exactly those who can do any of the row's actions (prod with a lake reader and a
+    security admin named; dev with none, so its cells' readers and admins name nobody there)."""
+    from pathlib import Path
+
+    lake = documented_lake
+    table = documented_access_table((Path(__file__).parents[2] / "docs" / "security.md").read_text())
+    probes_of = {
+        what: next((probes for start, probes in DOCUMENTED_ROWS.items() if what.startswith(start)), None)
+        for what in table
+    }
+    assert [w for w, p in probes_of.items() if p is None] == [], "a row with no probes in this test"
+    assert len(probes_of) == len(DOCUMENTED_ROWS), "a probed row is gone from the docs"
+    outsiders = {*OUTSIDERS, ANALYST, TLS_OPERATOR}
+    for what, probes in probes_of.items():
+        who = set()
+        for action, resource, key in probes:
+            if key is None:
+                arn = lake.secret_arn(resource)
+            else:
+                arn = lake.object_arn(resource, key) if key else f"arn:aws:s3:::{lake.bucket_name(resource)}"
+            who |= generated(lake.who_can(action, arn, outsiders))
+        expected = documented_who(lake, table[what])
+        if lake.env.config.env_name == "dev":
+            expected -= {"analysts", "tls-operator"}  # named in prod's synth only
+        assert who == expected, f"docs/security.md, row {what!r}: the templates let in {sorted(who)}"
