@@ -58,12 +58,33 @@ def test_check_clicks_counts_what_it_compared_and_waits_for_the_rejects(spark) -
     ]
 
 
-def test_offsets_the_topic_no_longer_holds_are_named(spark) -> None:
+def test_offsets_the_topic_no_longer_holds_are_checked_within_the_lake(spark) -> None:
+    """Issue 51, item 4: past the topic's retention a loss stays visible. From the first offset the
+    lake holds per partition, every offset must be in one of the two tables (the producers are not
+    transactional: no offset without a record), so a gap there is a loss the topic can no longer
+    repair; a gap straddling the earliest offset the topic holds is split at it."""
     fact = _lineage(spark, [(0, o) for o in range(3, 10)])
     result = check_clicks(spark, fact, None, {0: 10}, {}, {0: 5}, "t")  # no rejects table
-    assert result.status == "ok" and result.compared == 5
-    (note,) = result.notes
-    assert note == "partition 0: offsets 3-4 are no longer in the topic; checked for duplicates only"
+    assert result.status == "ok" and result.compared == 7
+    assert result.notes == [
+        "partition 0: offsets 3-4 are no longer in the topic; checked within the lake (each once, no gap)",
+        "partition 0: offsets before 3 are in neither the topic nor the lake; not compared",
+    ]
+    # Offsets 1 (before the topic's earliest, 4), 4-5 (across it) and 8 lost; 0 is the first the lake holds.
+    holes = _lineage(spark, [(0, 0), (0, 2), (0, 3), (0, 6), (0, 7), (0, 9), (1, 5), (1, 6)])
+    rejects = _lineage(spark, [(1, 7)])
+    damaged = check_clicks(spark, holes, rejects, {0: 10, 1: 8}, {0: 10, 1: 8}, {0: 4, 1: 5}, "t")
+    found = {f.kind: (f.count, f.examples) for f in damaged.findings}
+    assert found == {
+        "missing offsets no longer in the topic": (1, ("partition 0: 1",)),
+        "missing offsets": (3, ("partition 0: 4-5", "partition 0: 8")),
+    }
+    # Partition 1 starts at 5 in the lake and in the topic: nothing can tell what came before.
+    assert damaged.compared == 10 + 3
+    unknown = "partition 1: offsets before 5 are in neither the topic nor the lake; not compared"
+    assert unknown in damaged.notes
+    lost_hint = next(f.hint for f in damaged.findings if f.kind == "missing offsets no longer in the topic")
+    assert "no longer holds" in lost_hint
 
 
 def _clicks(spark, rows):

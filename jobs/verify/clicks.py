@@ -1,11 +1,16 @@
 """Kafka -> clickevent + rejects: every offset the ingest says it read is in exactly one table, once.
 
-Per partition, the offsets from the earliest the topic still holds up to the lower of the two
-tables' stored offsets (`lakehouse.kafka.offsets`; the rejects commit every 10 s, so their stored
-offsets may trail the fact table's) must each appear exactly once across the two tables. Reported
-as offset ranges: missing (in neither table), duplicate (more than one row), and rows past their own
-table's stored offsets (no ingest commit writes those). Offsets the topic no longer holds are
-checked for duplicates only, and named in a note.
+Per partition, the offsets from the first one the lake or the topic holds (whichever is lower) up
+to the lower of the two tables' stored offsets (`lakehouse.kafka.offsets`; the rejects commit every
+10 s, so their stored offsets may trail the fact table's) must each appear exactly once across the
+two tables. Reported as offset ranges: missing (in neither table; split at the earliest offset the
+topic still holds, since only those can be read again), duplicate (more than one row), and rows past
+their own table's stored offsets (no ingest commit writes those).
+
+Checking below the topic's retention within the lake alone relies on the producers not being
+transactional: then every offset is a record, so the lake's offsets are contiguous. A
+transactional producer's commit markers (and aborted records) occupy offsets no consumer sees; the
+ingest would have to store the ranges it skipped for this check to stay exact past retention.
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ DUPLICATE_HINT = (
     "these offsets are stored more than once: find the snapshot that added the copies "
     "(`SELECT * FROM ods_behavior.clickevent.snapshots`) and roll back to the one before it, or delete "
     "the extra rows by (kafka_partition, kafka_offset, ingested_at)"
+)
+LOST_PAST_RETENTION_HINT = (
+    "the ingest stored these offsets as read but neither table has them, and the topic no longer holds "
+    "them: they cannot be read again. Find when they went (`ods_behavior.clickevent.snapshots`, the "
+    "ingest's logs); only the producer's side can resend them"
 )
 BEYOND_HINT = (
     "rows past the offsets their table stored: something other than the ingest appended them; find "
@@ -122,30 +132,38 @@ def check_clicks(
         rejects_stored = fact_stored
     partitions = set(fact_stored) | set(rejects_stored)
     high = {p: min(fact_stored.get(p, 0), rejects_stored.get(p, 0)) for p in partitions}
-    low = {p: max(earliest.get(p, 0), 0) for p in partitions}
+    held = {p: max(earliest.get(p, 0), 0) for p in partitions}  # the topic's earliest offset
     rows = lineage(fact, rejects).cache()
     try:
-        missing = _collect(missing_ranges(rows, bounds_frame(spark, low, high)))
+        oldest = {r[0]: r[1] for r in rows.groupBy("kafka_partition").agg(F.min("kafka_offset")).collect()}
+        start = {p: min(held[p], oldest.get(p, held[p])) for p in partitions}
+        missing = _collect(missing_ranges(rows, bounds_frame(spark, start, high)))
         duplicates = _collect(duplicate_ranges(rows))
         beyond = _collect(beyond_stored(rows.where("in_table = 'clickevent'"), fact_stored))
         if rejects is not None:
             beyond += _collect(beyond_stored(rows.where("in_table = 'clickevent_rejects'"), rejects_stored))
-        result.compared = sum(max(0, high[p] - low[p]) for p in partitions)
-        for kind, ranges, hint in (
-            ("missing offsets", missing, LOST_HINT),
-            ("duplicate offsets", duplicates, DUPLICATE_HINT),
-            ("offsets past the stored ones", sorted(beyond), BEYOND_HINT),
-        ):
-            if ranges:
-                result.findings.append(Finding(kind, _count(ranges), ranges_text(ranges), hint))
-        oldest = {r[0]: r[1] for r in rows.groupBy("kafka_partition").agg(F.min("kafka_offset")).collect()}
     finally:
         rows.unpersist()
+    gone, readable = split_at(missing, held)
+    result.compared = sum(max(0, high[p] - start[p]) for p in partitions)
+    for kind, ranges, hint in (
+        ("missing offsets no longer in the topic", gone, LOST_PAST_RETENTION_HINT),
+        ("missing offsets", readable, LOST_HINT),
+        ("duplicate offsets", duplicates, DUPLICATE_HINT),
+        ("offsets past the stored ones", sorted(beyond), BEYOND_HINT),
+    ):
+        if ranges:
+            result.findings.append(Finding(kind, _count(ranges), ranges_text(ranges), hint))
     for p in sorted(partitions):
-        if oldest.get(p, low[p]) < low[p]:
+        if start[p] < held[p]:
             result.notes.append(
-                f"partition {p}: offsets {oldest[p]}-{low[p] - 1} are no longer in the topic; "
-                "checked for duplicates only"
+                f"partition {p}: offsets {start[p]}-{held[p] - 1} are no longer in the topic; "
+                "checked within the lake (each once, no gap)"
+            )
+        if start[p] > 0 and high[p] > 0:
+            result.notes.append(
+                f"partition {p}: offsets before {start[p]} are in neither the topic nor the lake; "
+                "not compared"
             )
         if fact_stored.get(p, 0) > high[p]:
             result.notes.append(
@@ -153,3 +171,14 @@ def check_clicks(
                 "(every 10 s); checked from the next run on"
             )
     return result
+
+
+def split_at(ranges: list[tuple[int, int, int]], at: Offsets) -> tuple[list, list]:
+    """(partition, first, last) ranges -> (those below `at[partition]`, those at or above it)."""
+    below, above = [], []
+    for p, first, last in ranges:
+        if first < at[p]:
+            below.append((p, first, min(last, at[p] - 1)))
+        if last >= at[p]:
+            above.append((p, max(first, at[p]), last))
+    return below, above
