@@ -163,6 +163,9 @@ class JobSettings:
     # dev: the test-data generator is deployed (a state machine; the cluster may write clicktopic).
     # prod: not deployed, and the cluster may only read clicktopic: real clicks come from the site.
     deploy_gendata: bool
+    # The scheduled verify step also repairs the dimension tables it finds wrong (`verify --repair`;
+    # `-c verify_repair=true`). Off by default: a repair is a write, and the alarm fires either way.
+    verify_repairs: bool = False
 
 
 @dataclass(frozen=True)
@@ -302,6 +305,7 @@ class DeploymentConfig:
         parked: bool = False,
         alert_email: str | None = None,
         access: AccessSettings | None = None,
+        verify_repair: bool = False,
     ) -> DeploymentConfig:
         """The configuration of `env_name`; account/region only when the CLI knows them."""
         if env_name not in _ENVIRONMENTS:
@@ -323,6 +327,8 @@ class DeploymentConfig:
             raise ConfigError(f"-c alert_email={alert_email}: not an e-mail address")
         if alert_email:
             config = replace(config, monitoring=replace(config.monitoring, alarm_email=alert_email))
+        if verify_repair:
+            config = replace(config, jobs=replace(config.jobs, verify_repairs=True))
         if azs and len(azs) < config.network.max_azs:
             raise ConfigError(
                 f"{env_name} needs {config.network.max_azs} availability zones, got {list(azs)}: "

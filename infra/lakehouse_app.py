@@ -22,7 +22,8 @@ def config_from_context(app: App, environ: Mapping[str, str] = os.environ) -> De
     AZs `lakehouse aws preflight --pin-azs` pinned in cdk.context.json, `-c parked=true` (dev; set
     by `lakehouse aws park`), `-c alert_email=you@example.com` (subscribes it to the alerts), and
     `-c lake_readers=<role arn>,…` / `-c security_admins=<role arn>,…` (infra/access.py); in dev also
-    the lake readers the preflight pinned (`lakehouse:dev-lake-readers`, the person who deployed).
+    the lake readers the preflight pinned (`lakehouse:dev-lake-readers`, the person who deployed);
+    `-c verify_repair=true` (the scheduled verify step repairs the dimensions it finds wrong).
 
 
     Account and region come from the CLI's environment (CDK_DEFAULT_ACCOUNT/REGION) when both are
@@ -39,6 +40,9 @@ def config_from_context(app: App, environ: Mapping[str, str] = os.environ) -> De
     parked = str(app.node.try_get_context("parked") or "false").lower()
     if parked not in ("true", "false"):
         raise ConfigError(f"-c parked={parked}: expected true or false")
+    verify_repair = str(app.node.try_get_context("verify_repair") or "false").lower()
+    if verify_repair not in ("true", "false"):
+        raise ConfigError(f"-c verify_repair={verify_repair}: expected true or false")
     alert_email = app.node.try_get_context("alert_email")
     lake_readers = app.node.try_get_context("lake_readers")
     if env_name == "dev":
@@ -55,6 +59,7 @@ def config_from_context(app: App, environ: Mapping[str, str] = os.environ) -> De
         parked=parked == "true",
         alert_email=str(alert_email) if alert_email else None,
         access=AccessSettings.from_context(lake_readers, app.node.try_get_context("security_admins")),
+        verify_repair=verify_repair == "true",
     )
 
 

@@ -1170,6 +1170,76 @@ def test_verify_explains_changes_in_flight_and_finds_what_they_do_not(
         conn.close()
 
 
+def test_verify_repair_mends_the_differing_keys_beside_a_running_cdc(
+    spark, lake_config, local_stack, secrets, app_conn, make_sync
+) -> None:
+    """Issue 51, item 2: `verify --repair` on a dimension while CDC applies a workload in another
+    thread. Damage behind CDC's back, on keys the workload never touches: a row changed, a row
+    deleted, a row stored twice, a row the source never had. The repair writes exactly those keys in
+    one commit (lineage in its summary) and the check after it is clean; once CDC has caught up, the
+    lake equals the source as a multiset (keys unique), so nothing CDC applied meanwhile was lost."""
+    from jobs.common.lake_tables import load_iceberg_table
+    from jobs.verify.__main__ import repaired_dimension
+    from jobs.verify.repair import REPAIR_KEY
+    from lakehouse.local.mariadb import APP_USER
+
+    name = "cdc_test_repair"
+    target = f"lakehouse.dim_db.{name}"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 600)
+    sync = make_sync(pair)
+    catch_up(sync)
+    spark.sql(f"UPDATE {target} SET name = 'tampered' WHERE id = 'k00550'")
+    spark.sql(f"DELETE FROM {target} WHERE id = 'k00551'")
+    spark.sql(f"INSERT INTO {target} SELECT * FROM {target} WHERE id = 'k00552'")
+    ghost = f"SELECT 'ghost', name, qty, price, note, updated FROM {target} WHERE id = 'k00553'"
+    spark.sql(f"INSERT INTO {target} {ghost}")
+
+    credentials = source_db.cdc_credentials(lake_config)
+    conn = source_db.connect(lake_config, credentials)
+    settings = source_db.connection_settings(lake_config, credentials)
+    is_mariadb = source_db.is_mariadb(conn)
+    writer = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
+    writer.select_db("user_db")
+    stop, failures = threading.Event(), []
+
+    def cdc_and_workload() -> None:
+        try:
+            rounds = 0
+            while not stop.is_set():
+                if rounds < 20:
+                    random_workload(writer, name, 10, seed=100 + rounds, keys=400)  # k00000-k00399
+                rounds += 1
+                sync.run_batch()
+                time.sleep(0.05)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            failures.append(exc)
+
+    running = threading.Thread(target=cdc_and_workload, daemon=True)
+    running.start()
+    try:
+        arguments = (spark, conn, target, ("user_db", name), settings, 4293, is_mariadb)
+        result = repaired_dimension(arguments, settings, 4293, is_mariadb)
+    finally:
+        stop.set()
+        running.join(timeout=120)
+        conn.close()
+        writer.close()
+    assert not failures, failures
+    assert result.status == "ok" and result.repaired == 4, result
+    assert result.notes[0].startswith("repaired 4 keys: 3 rows written from the source, 1 deleted"), (
+        result.notes
+    )
+    catch_up(sync)
+    assert_converged(spark, app_conn, name)
+    repairs = [
+        json.loads(s.summary()[REPAIR_KEY])
+        for s in load_iceberg_table(spark, target).snapshots()
+        if s.summary().get(REPAIR_KEY) is not None
+    ]
+    assert [(r["keys"], r["written"], r["source"]) for r in repairs] == [(4, 3, f"user_db.{name}")]
+
+
 # ---- schema evolution and DDL -------------------------------------------------------------------
 
 

@@ -286,3 +286,44 @@ def test_verify_cannot_run_exit_2_when_kafka_is_down(spark, lake_config, monkeyp
     assert exit_code([result]) == 2
     (control,) = run_checks(spark, lake_config, ["ods_behavior.clickevent"], server_id=5993)
     assert control.status != CANNOT_RUN and control.compared == 1, control
+
+
+def test_a_repair_leaves_to_cdc_the_keys_the_binlog_changed_after_its_read(spark) -> None:
+    """The repair writes rows read up to position E. If CDC's stored position is past E when it
+    commits, a key the binlog changed in between already has CDC's newer row: the repair leaves it
+    (else it would write the older row over it). Keys changed after CDC's position are asked about
+    from E up to that position only, and the others are written."""
+    from jobs.cdc.binlog_reader import BinlogPosition
+    from jobs.cdc.schema_mapping import SourceColumn
+    from jobs.cdc.source_db import SourceTable
+    from jobs.cdc.target_table import POSITION_KEY
+    from jobs.common.snapshot_progress import writer_options
+    from jobs.verify.dimensions import key_columns
+    from jobs.verify.repair import plan_repair, repair_dimension
+
+    target = "lakehouse.verify_probe.repair_race"
+    spark.sql("CREATE NAMESPACE IF NOT EXISTS lakehouse.verify_probe")
+    spark.sql(f"DROP TABLE IF EXISTS {target}")
+    spark.sql(f"CREATE TABLE {target} (id string NOT NULL, v int) USING iceberg")
+    cdc_at = BinlogPosition("mysql-bin.000002", 900)
+    spark.createDataFrame([("a", 0), ("b", 0)], "id string, v int").writeTo(target).options(
+        **writer_options({POSITION_KEY: cdc_at.to_json()})
+    ).append()
+    source = SourceTable(
+        "db", "t", (SourceColumn("id", "varchar(10)", False), SourceColumn("v", "int")), ("id",)
+    )
+    read = spark.createDataFrame([("a", 1), ("b", 2)], "id string not null, v int")
+    end = BinlogPosition("mysql-bin.000002", 400)
+    plan = plan_repair(
+        target, source, read, {"id": "id", "v": "v"}, {("a",): ("a",), ("b",): ("b",)}, key_columns, end
+    )
+    asked = []
+
+    def changed_since(start, until):
+        asked.append((start, until))
+        return {("b",)}  # CDC applied a newer row of b after the read
+
+    outcome = repair_dimension(spark, plan, changed_since)
+    assert asked == [(end, cdc_at)]
+    assert (outcome.written, outcome.deleted, outcome.left_to_cdc) == (1, 0, 1)
+    assert sorted(tuple(r) for r in spark.table(target).collect()) == [("a", 1), ("b", 0)]

@@ -162,11 +162,12 @@ class JobDeployment(Construct):
         retention = log_retention(settings.log_retention_days)
         self.supervisor = self._supervisor(cluster_id, cluster_name, alert_topic, settings, removal_policy)
 
+        repair = ("--repair",) if settings.verify_repairs else ()
         self.batch_state_machines = {
             job: self._batch_state_machine(
                 job,
                 cluster_id,
-                replacing_step_args(job, submit_args(job)),
+                replacing_step_args(job, submit_args(job, *(repair if job == "verify" else ()))),
                 alert_topic,
                 retention,
                 removal_policy,

@@ -35,6 +35,7 @@ from jobs.cdc.target_table import POSITION_KEY
 from jobs.common.snapshot_progress import main_snapshot, progress_as_of
 from jobs.common.sql_text import identifier
 from jobs.verify.findings import EXAMPLES, CheckResult, Finding
+from jobs.verify.repair import MAX_REPAIR_KEYS, DimensionRepair, plan_repair
 
 CHUNK_ROWS = 10_000
 FRAME_ROWS = 200_000  # source rows per DataFrame handed to Spark
@@ -131,6 +132,13 @@ def changed_keys(
         reader.stop()
 
 
+def _keys(frame: DataFrame, key: tuple[str, ...]) -> list[tuple[tuple[str, ...], tuple]]:
+    """(key text, key values) of every row of `frame` (a key twice, twice)."""
+    raw = [F.col(identifier(k)).alias(f"_lakehouse_raw{i}") for i, k in enumerate(key)]
+    rows = frame.select(*key_columns(frame, key), *raw).collect()
+    return [(key_text(r, key), tuple(r[len(key) :])) for r in rows]
+
+
 def _compared(source: SourceTable, src: DataFrame, lake: DataFrame, result: CheckResult):
     """The source's columns the lake has, both sides in the source's types and names."""
     lake_names = {name.lower(): name for name in lake.columns}
@@ -159,9 +167,12 @@ def check_dimension(
     connection_settings: dict,
     server_id: int,
     is_mariadb: bool,
+    repairs: list[DimensionRepair] | None = None,
 ) -> CheckResult:
+    """The check; with `repairs`, also the repair of its real mismatches is appended there."""
     result = CheckResult("mysql -> dimension", ".".join(target.split(".")[-2:]))
     qualified = ".".join(source_name)
+    src = None
     try:
         snapshot = main_snapshot(spark, target)
         stored = progress_as_of(spark, target, snapshot, POSITION_KEY) if snapshot is not None else None
@@ -192,23 +203,35 @@ def check_dimension(
         result.compared = src.count()
         key = source.key
         only_source, only_lake = left.exceptAll(right), right.exceptAll(left)
-        source_side = {key_text(r, key) for r in only_source.select(*key_columns(only_source, key)).collect()}
-        lake_keys = only_lake.select(*key_columns(only_lake, key)).collect()
-        lake_side = Counter(key_text(r, key) for r in lake_keys)
-        src.unpersist()
+        source_keys, lake_keys = dict(_keys(only_source, key)), _keys(only_lake, key)
+        source_side = set(source_keys)
+        lake_side = Counter(text for text, _ in lake_keys)
         differing = source_side | set(lake_side)
         in_flight = (
             changed_keys(connection_settings, server_id, source_name, source.key, position, end, is_mariadb)
             if differing
             else set()
         )
+        real = differing - in_flight
+        if repairs is not None and real:
+            if len(real) > MAX_REPAIR_KEYS:
+                result.notes.append(
+                    f"not repaired: {len(real):,} keys differ (more than {MAX_REPAIR_KEYS:,}): re-snapshot it"
+                )
+            else:
+                lake_values = dict(lake_keys)
+                values = {k: lake_values.get(k, source_keys.get(k)) for k in real}
+                lake_columns = {name.lower(): name for name in lake.columns}
+                repairs.append(plan_repair(target, source, left, lake_columns, values, key_columns, end))
     except CannotCompare as exc:
         result.error = str(exc)
         return result
     except Exception as exc:  # noqa: BLE001 - this check cannot run; the others still do
         result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return result
-    real = differing - in_flight
+    finally:
+        if src is not None:
+            src.unpersist()
     if differing & in_flight:
         result.notes.append(
             f"{len(differing & in_flight)} differing keys changed in the source after the lake's position "

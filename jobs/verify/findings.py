@@ -1,7 +1,8 @@
 """What a reconciliation check found: one result per check and table, shown as a table or JSON.
 
 Exit codes (`exit_code`): 0 everything matches, 1 a mismatch somewhere, 2 a check could not run
-(and none found a mismatch). A mismatch is never repaired here: each finding carries a hint.
+(and none found a mismatch). Each finding carries a repair hint; `--repair` (repair.py) repairs the
+dimension tables' findings itself and the checks then say what they found after it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class CheckResult:
     notes: list[str] = field(default_factory=list)  # what was not compared, and why; in-flight changes
     error: str | None = None  # why the check could not run
     seconds: float = 0.0
+    repaired: int = 0  # keys `verify --repair` repaired before the (final) check above
 
     @property
     def status(self) -> str:
@@ -99,14 +101,18 @@ def ranges_text(ranges: Sequence[tuple[int, int, int]]) -> tuple[str, ...]:
 
 
 def metric_data(results: Sequence[CheckResult]) -> list[dict]:
-    """CloudWatch MetricData: the mismatches of every check that ran, and their total."""
+    """CloudWatch MetricData: the mismatches (and repairs) of every check that ran, and their total."""
     ran = [r for r in results if r.status != CANNOT_RUN]
 
     def datum(value: int, **dimensions: str) -> dict:
         dims = [{"Name": "Job", "Value": "verify"}, *({"Name": k, "Value": v} for k, v in dimensions.items())]
         return {"MetricName": RECONCILE_METRIC, "Dimensions": dims, "Value": float(value), "Unit": "Count"}
 
-    return [datum(sum(r.mismatches for r in ran)), *(datum(r.mismatches, Table=r.table) for r in ran)]
+    # A repaired key counts: the alarm fires on whatever made the lake wrong, repaired or not.
+    def found(r: CheckResult) -> int:
+        return r.mismatches + r.repaired
+
+    return [datum(sum(found(r) for r in ran)), *(datum(found(r), Table=r.table) for r in ran)]
 
 
 def as_json(results: Sequence[CheckResult], stored_at: str | None = None) -> str:
@@ -121,14 +127,16 @@ def render(results: Sequence[CheckResult], console) -> None:
     from rich.table import Table
 
     summary = Table(title="lakehouse verify", title_justify="left")
-    for column in ("check", "table", "status", "compared", "mismatches", "seconds"):
-        numeric = column in ("compared", "mismatches", "seconds")
+    repaired = any(r.repaired for r in results)
+    columns = ("check", "table", "status", "compared", "mismatches", *(("repaired",) if repaired else ()))
+    for column in (*columns, "seconds"):
+        numeric = column in ("compared", "mismatches", "repaired", "seconds")
         summary.add_column(column, justify="right" if numeric else "left")
     colour = {OK: "green", MISMATCH: "red", CANNOT_RUN: "yellow"}
     for r in results:
         summary.add_row(
             r.check, r.table, f"[{colour[r.status]}]{r.status}[/]", f"{r.compared:,}", f"{r.mismatches:,}",
-            f"{r.seconds:.1f}",
+            *((f"{r.repaired:,}",) if repaired else ()), f"{r.seconds:.1f}",
         )  # fmt: skip
     console.print(summary)
     for r in results:
@@ -141,6 +149,7 @@ def render(results: Sequence[CheckResult], console) -> None:
             console.print(f"  {r.table}: {note}")
     for r in results:  # one plain line per check: what step logs are searched for
         console.print(
-            f"verify: {r.check} {r.table}: {r.status} ({r.compared} compared, {r.mismatches} mismatches)",
+            f"verify: {r.check} {r.table}: {r.status} ({r.compared} compared, {r.mismatches} mismatches"
+            + (f", {r.repaired} repaired)" if r.repaired else ")"),
             soft_wrap=True, highlight=False, markup=False,
         )  # fmt: skip

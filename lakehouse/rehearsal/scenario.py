@@ -17,6 +17,7 @@ packaged artifact only, on this machine.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -263,7 +264,14 @@ class Rehearsal:
         self.report_days = {datetime.now(UTC).date()}  # the step reports the day it starts on (UTC)
         self._run_step(batch["report"], env)
         self._run_step(batch["maintain"], env)
-        self._run_step(batch["verify"], env)  # the product's own reconciliation: exit 1 on a mismatch
+        # The product's own reconciliation (exit 1 on a mismatch), as `-c verify_repair=true` deploys
+        # it (the template's step plus --repair; tests/infra/test_infra_jobs.py: the only difference),
+        # over a dimension row deleted behind CDC's back: the step must put it back.
+        verify = batch["verify"]
+        if "--repair" not in verify.args:
+            verify = dataclasses.replace(verify, args=[*verify.args, "--repair"])
+        self._delete_a_dimension_row(state)
+        self._run_step(verify, env)
         problems = self._verify(topic, bad, state)
         problems += self._verify_step_checked()
         published = moto.metrics("Lakehouse/dev", REHEARSAL_REGION)
@@ -432,6 +440,20 @@ class Rehearsal:
                 tables[".".join(identifier)] = table.scan().to_arrow().to_pylist()
         return tables
 
+    def _delete_a_dimension_row(self, state: dict) -> None:
+        from pyiceberg.expressions import EqualTo
+
+        from lakehouse.local.catalog import pyiceberg_catalog
+
+        table = pyiceberg_catalog(self.work_dir / "catalog.db", self.work_dir).load_table(
+            "dim_db.user_member"
+        )
+        with _mysql(state) as connection, connection.cursor() as cursor:
+            cursor.execute("SELECT MIN(userid) FROM user_member")
+            (userid,) = cursor.fetchone()
+        table.delete(EqualTo("userid", userid))
+        self.log(f"deleted dim_db.user_member's row of userid {userid} behind CDC's back (verify repairs it)")
+
     def _verify(self, topic, bad, state: dict) -> list[str]:
         lake = self._lake()
         facts = lake.get("ods_behavior.clickevent", [])
@@ -457,10 +479,16 @@ class Rehearsal:
         the topic it compares depends on the local broker's retention; the rehearsal's own readers
         compare everything)."""
         output = (self.work_dir / "steps" / "verify" / "stdout").read_text(errors="replace")
-        lines = re.findall(r"^verify: (.+): (ok|mismatch|cannot run) \((\d+) compared.*$", output, re.M)
-        for what, status, compared in lines:
-            self.log(f"verify step: {what}: {status}, {compared} compared")
-        found = {what: (status, int(compared)) for what, status, compared in lines}
+        lines = re.findall(
+            r"^verify: (.+): (ok|mismatch|cannot run) "
+            r"\((\d+) compared, \d+ mismatches(?:, (\d+) repaired)?\)$",
+            output,
+            re.M,
+        )
+        for what, status, compared, repaired in lines:
+            self.log(f"verify step: {what}: {status}, {compared} compared, {repaired or 0} repaired")
+        found = {what: (status, int(compared)) for what, status, compared, _ in lines}
+        repaired = {what: int(count or 0) for what, _, _, count in lines}
         expected = (
             "kafka -> clicks ods_behavior.clickevent",
             "mysql -> dimension dim_db.products",
@@ -472,6 +500,8 @@ class Rehearsal:
             for what in expected
             if found.get(what, ("", 0))[0] != "ok" or found[what][1] < 1
         ]
+        if repaired != {what: int(what == "mysql -> dimension dim_db.user_member") for what in found}:
+            problems.append(f"verify step: repaired {repaired}, not the one deleted user_member row")
         # The full findings go beside the tables (the stdout above is in the EMR logs bucket).
         stored = re.search(r"^verify: findings stored at (\S+)$", output, re.M)
         if stored is None:

@@ -242,6 +242,19 @@ def prod(tmp_path_factory) -> SynthesizedEnv:
     return synthesize("prod", tmp_path_factory.mktemp("cdk") / "prod")
 
 
+# Roles named in prod's context by the tests that need them (resource guards, docs/security.md).
+ANALYST_ARN = "arn:aws:iam::111122223333:role/analysts"
+TLS_OPERATOR_ARN = "arn:aws:iam::111122223333:role/tls-operator"
+
+
+@pytest.fixture(scope="session")
+def prod_with_context(tmp_path_factory) -> SynthesizedEnv:
+    """prod with every optional context value set: a lake reader, a security admin, and the verify
+    step's repairs (`-c verify_repair=true`)."""
+    context = {"lake_readers": ANALYST_ARN, "security_admins": TLS_OPERATOR_ARN, "verify_repair": "true"}
+    return synthesize("prod", tmp_path_factory.mktemp("cdk") / "prod-context", context)
+
+
 @pytest.fixture(scope="session")
 def parked_dev(tmp_path_factory) -> SynthesizedEnv:
     """dev as `lakehouse aws park` deploys it (`-c parked=true`)."""

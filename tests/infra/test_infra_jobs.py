@@ -215,6 +215,23 @@ def test_batch_jobs_run_on_schedule_through_state_machines_that_alert(synthesize
     )
 
 
+def test_the_verify_step_repairs_only_when_the_context_says_so(dev, prod, prod_with_context):
+    """`-c verify_repair=true`: the scheduled verify step runs `verify --repair` (issue 51); by
+    default it only reports, and no other step gets the flag."""
+
+    def repairing(env) -> list[str]:
+        machines = env.template("Jobs").find_resources("AWS::StepFunctions::StateMachine")
+        found = []
+        for definition in map(_definition, machines.values()):
+            job = re.search(r"emr_step\.py\W+(\w+)\W", definition)
+            if job and "--repair" in definition:
+                found.append(job.group(1))
+        return found
+
+    assert repairing(dev) == repairing(prod) == []
+    assert repairing(prod_with_context) == ["verify"]
+
+
 def test_step_functions_and_the_supervisor_touch_steps_of_this_cluster_only(synthesized):
     template = synthesized.templates["Jobs"]
     emr_statements = []

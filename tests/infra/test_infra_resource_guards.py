@@ -13,7 +13,7 @@ import re
 
 import pytest
 from cfn import as_list
-from conftest import synthesize
+from conftest import ANALYST_ARN, TLS_OPERATOR_ARN
 
 ACCOUNT, REGION, PARTITION = "111122223333", "eu-west-1", "aws"
 PSEUDO = {"${AWS::AccountId}": ACCOUNT, "${AWS::Region}": REGION, "${AWS::Partition}": PARTITION}
@@ -222,13 +222,13 @@ def test_only_the_seeding_the_deploy_and_the_cdc_reader_read_the_passwords(lake)
 
 
 ANALYST, TLS_OPERATOR = outsider("analysts"), outsider("tls-operator")
+assert (ANALYST, TLS_OPERATOR) == (ANALYST_ARN, TLS_OPERATOR_ARN)
 
 
 @pytest.fixture(scope="module")
-def prod_with_readers(tmp_path_factory) -> Lake:
+def prod_with_readers(prod_with_context) -> Lake:
     """prod with a role in `lake_readers` and one in `security_admins`."""
-    context = {"lake_readers": ANALYST, "security_admins": TLS_OPERATOR}
-    return Lake(synthesize("prod", tmp_path_factory.mktemp("cdk") / "prod-readers", context))
+    return Lake(prod_with_context)
 
 
 def test_named_lake_readers_and_security_admins_are_let_in(prod_with_readers) -> None:
