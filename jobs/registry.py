@@ -45,6 +45,7 @@ JOBS: Mapping[str, Job] = {
         Job("report", Kind.BATCH, "the daily member report -> ads_behavior.member_daily_report"),
         Job("maintain", Kind.BATCH, "compaction, snapshot expiry, orphan cleanup"),
         Job("verify", Kind.BATCH, "reconcile the lake with Kafka and MySQL; exit 1 on a mismatch"),
+        Job("replay", Kind.BATCH, "rejects that pass today's validation -> the fact table, each once"),
         Job("gendata", Kind.BATCH, "ClickEvents (and malformed records on request) -> Kafka"),
     )
 }

@@ -242,6 +242,16 @@ def verify(verify_args: tuple[str, ...]) -> None:
     sys.exit(job("verify").main()(list(verify_args)) or 0)
 
 
+@main.command(name="replay-rejects", context_settings=PASS_THROUGH)
+@click.argument("replay_args", nargs=-1, type=click.UNPROCESSED)
+def replay_rejects(replay_args: tuple[str, ...]) -> None:
+    """Land the rejects that pass today's validation in the fact table, each once
+    (`lakehouse replay-rejects --help`; the same as `lakehouse run replay`)."""
+    from jobs.registry import job
+
+    sys.exit(job("replay").main()(list(replay_args)) or 0)
+
+
 # ---- AWS ---------------------------------------------------------------------------------------
 
 
@@ -542,7 +552,7 @@ def aws_logs(env_name, region, profile, job_or_step: str, stream: str | None, fo
 @click.option("--count", type=int, help="gendata: records to send")
 @click.option("--rate", type=int, help="gendata: events per second")
 def aws_submit(env_name, region, profile, job: str, count: int | None, rate: int | None) -> None:
-    """Run a batch JOB now (report, maintain, gendata) through its state machine."""
+    """Run a batch JOB now (report, maintain, verify, replay, gendata) through its state machine."""
     from lakehouse.aws import operate
 
     session, config, outputs = _operate(env_name, region, profile)

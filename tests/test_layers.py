@@ -6,7 +6,9 @@
 - each job's room (`jobs/<job>/`) imports the shared code (`jobs/common`, `jobs/config.py`,
   `jobs/registry.py`) and itself, not another job's room; only the streaming application composes
   the streaming jobs, and runs `maintain` where nothing schedules it (the local stack); only
-  `verify` reads through the streaming jobs' own readers (their sources and stored progress).
+  `verify` reads through the streaming jobs' own readers (their sources and stored progress), and
+  only `replay` validates and shapes rows with the ingest's own code (a reject passes or fails
+  exactly as it would in the ingest of this release).
 - the operator CLI never loads the CDK runtime: tests/infra/test_infra_config.py.
 """
 
@@ -72,8 +74,10 @@ def wrong_way_imports(path: Path) -> list[str]:
             problems.append(f"{where}: product code never imports benchmarks or tests")
         if top == "jobs":
             own, other = room(".".join(relative.with_suffix("").parts)), room(module)
-            composes = (own == "streaming" and other in STREAMING_COMPOSES) or (
-                own == "verify" and other in STREAMING_JOBS
+            composes = (
+                (own == "streaming" and other in STREAMING_COMPOSES)
+                or (own == "verify" and other in STREAMING_JOBS)
+                or (own == "replay" and other == "ingest")
             )
             if other is not None and other != own and not composes:
                 problems.append(f"{where}: a job's room is its own (share through jobs/common)")

@@ -27,7 +27,7 @@ def test_the_emr_steps_and_the_streaming_application_run_the_registered_jobs():
     assert STREAMING_JOBS == JOB_NAMES == ("cdc", "ingest", "views")
     assert streaming_steps(True) == STREAMING_APPLICATION == ("streaming",)
     assert streaming_steps(False) == STREAMING_JOBS
-    assert BATCH_JOBS == ("report", "maintain", "verify", "gendata")
+    assert BATCH_JOBS == ("report", "maintain", "verify", "replay", "gendata")
     # each registered job runs in exactly one way: as a list, a job in two kinds would show twice
     assert sorted((*STREAMING_JOBS, *STREAMING_APPLICATION, *BATCH_JOBS)) == sorted(JOBS)
     assert UPSTREAM == {"ingest": "cdc", "views": "ingest"}
@@ -40,7 +40,7 @@ def test_lakehouse_run_refuses_an_unknown_job_naming_the_known_ones():
     result = CliRunner().invoke(main, ["run", "nosuchjob"])
     assert result.exit_code == 2
     assert (
-        "'nosuchjob' is not one of cdc, ingest, views, streaming, report, maintain, verify, gendata"
+        "'nosuchjob' is not one of cdc, ingest, views, streaming, report, maintain, verify, replay, gendata"
         in result.output
     )
     with pytest.raises(KeyError, match="no job 'nosuchjob'"):

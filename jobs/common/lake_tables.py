@@ -30,6 +30,10 @@ def load_iceberg_table(spark, ident: str):
 
 # Snapshot-summary key holding `{"<topic>": {"<partition>": next_offset, ...}}`.
 OFFSETS_KEY = progress_keys.KAFKA_OFFSETS
+# Summary key of a fact-table commit by `jobs/replay` (rejects that pass now): its id, records and
+# reasons. Lineage, not progress: not a `lakehouse.` key, so expiry treats it as any data commit.
+# The views job counts what such a commit appended below its watermark.
+REPLAY_KEY = "lineage.replay"
 
 
 def offsets_from_summary(value: str | None, topic: str) -> dict[int, int]:

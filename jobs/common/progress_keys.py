@@ -12,10 +12,11 @@ PREFIX = "lakehouse."
 COMMIT_ID = PREFIX + "commit-id"  # a commit's own id: a retried commit recognises itself
 KAFKA_OFFSETS = PREFIX + "kafka.offsets"  # ingest: {"<topic>": {"<partition>": next offset}}
 VIEWS_CLICK_OFFSETS = PREFIX + "views.click-offsets"  # views: the click offsets counted so far
+VIEWS_CLICKS_SNAPSHOT = PREFIX + "views.clicks-snapshot"  # views: the click snapshot counted through
 CDC_POSITION = PREFIX + "cdc.position"  # cdc: the binlog position the table is current to
 CDC_SNAPSHOT = PREFIX + "cdc.snapshot"  # cdc, staging table: a snapshot's position and last key read
 
-ALL = (COMMIT_ID, KAFKA_OFFSETS, VIEWS_CLICK_OFFSETS, CDC_POSITION, CDC_SNAPSHOT)
+ALL = (COMMIT_ID, KAFKA_OFFSETS, VIEWS_CLICK_OFFSETS, VIEWS_CLICKS_SNAPSHOT, CDC_POSITION, CDC_SNAPSHOT)
 
 # A key nothing reads once a newer snapshot carries the other: a CDC table made from its snapshot's
 # staging table keeps the staging commits in its history, but resumes from its own position.

@@ -137,6 +137,23 @@ def is_concurrent_append(exc: BaseException) -> bool:
     return any(marker in str(exc) for marker in _CONCURRENT_APPEND)
 
 
+def appended_without(spark, table: str, key: str, since: int | None) -> int | None:
+    """After an exclusive append lost: the current snapshot's id if every snapshot committed after
+    `since` (None: since the table began) lacks `key` in its summary, else None.
+
+    A job's own kind of writer always commits `key` (the ingest its offsets); a snapshot without it
+    came from a writer whose rows never overlap this job's (a replay of rejects, a repair of missing
+    offsets below the stored ones): the append may validate from the current snapshot instead."""
+    current = None
+    for snapshot in _ancestors(spark, table, max_depth=1000):
+        current = snapshot.snapshotId() if current is None else current
+        if snapshot.snapshotId() == since:
+            return current
+        if snapshot.summary().get(key) is not None:
+            return None
+    return current if since is None else None
+
+
 def writer_options(properties: Mapping[str, str]) -> dict[str, str]:
     """DataFrameWriterV2 options that put `properties` into the commit's snapshot summary."""
     return {f"snapshot-property.{k}": v for k, v in properties.items()}

@@ -46,6 +46,7 @@ from jobs.common.run_modes import StopRequest
 from jobs.common.snapshot_progress import (
     COMMIT_ID_KEY,
     ConcurrentWriterError,
+    appended_without,
     exclusive_append_options,
     find_commit,
     is_concurrent_append,
@@ -79,6 +80,8 @@ from jobs.ingest.validation import (
     valid_click_events,
 )
 
+# Appends of other jobs (replays) one commit may validate past before it gives up.
+REBASES = 20
 log = logging.getLogger("clickstream_ingest")
 
 # Held rejects keep their batches materialized: commit them once this many records are held.
@@ -464,19 +467,30 @@ class ClickstreamIngest(StreamingJob):
             if landed is not None:
                 log.warning("%s: the commit of the previous attempt had landed; not appending again", table)
                 return landed
-            try:
-                rows.writeTo(table).options(**options).overwrite(F.lit(False))
-            except Exception as exc:
-                if not is_concurrent_append(exc):
-                    raise
-                landed = find_commit(self.spark, table, commit_id)
-                if landed is not None:
-                    return landed
-                raise ConcurrentWriterError(
-                    f"another ingest committed to {table} since this one's last commit (offsets "
-                    f"{offsets_summary(self.settings.topic, base.offsets)}): only one ingest may write a "
-                    "table; stopping without committing this batch"
-                ) from exc
+            for _ in range(REBASES):
+                try:
+                    rows.writeTo(table).options(**options).overwrite(F.lit(False))
+                    break
+                except Exception as exc:
+                    if not is_concurrent_append(exc):
+                        raise
+                    landed = find_commit(self.spark, table, commit_id)
+                    if landed is not None:
+                        return landed
+                    # Rows a replay of rejects (`jobs/replay`) appended at offsets this job has passed:
+                    # not another ingest. Validate from after them and append again.
+                    since = options.get("validate-from-snapshot-id")
+                    rebased = appended_without(self.spark, table, OFFSETS_KEY, int(since) if since else None)
+                    if rebased is None:
+                        raise ConcurrentWriterError(
+                            f"another ingest committed to {table} since this one's last commit (offsets "
+                            f"{offsets_summary(self.settings.topic, base.offsets)}): only one ingest may "
+                            "write a table; stopping without committing this batch"
+                        ) from exc
+                    log.info("%s: another job (not an ingest) appended since this one's last commit", table)
+                    options.update(exclusive_append_options(rebased))
+            else:
+                raise RuntimeError(f"{table}: other jobs kept appending; {REBASES} attempts lost the race")
             landed = find_commit(self.spark, table, commit_id)
             if landed is None:
                 raise RuntimeError(f"{table}: commit {commit_id} succeeded but is not in the table's history")

@@ -45,12 +45,23 @@ BEYOND_HINT = (
 )
 
 
+def not_replayed(rejects: DataFrame, fact: DataFrame) -> DataFrame:
+    """Rejects whose lineage the fact table does not hold: a reject it holds was replayed
+    (`lakehouse replay-rejects`), and its offset is accounted for by the fact row."""
+    return rejects.join(
+        fact.select("kafka_partition", "kafka_offset"), ["kafka_partition", "kafka_offset"], "left_anti"
+    )
+
+
 def lineage(fact: DataFrame, rejects: DataFrame | None) -> DataFrame:
-    """(kafka_partition, kafka_offset, in_table) of every row of both tables."""
+    """(kafka_partition, kafka_offset, in_table) of every row of both tables (replayed rejects
+    once, as their fact rows)."""
     rows = fact.select("kafka_partition", "kafka_offset", F.lit("clickevent").alias("in_table"))
     if rejects is not None:
         rows = rows.unionByName(
-            rejects.select("kafka_partition", "kafka_offset", F.lit("clickevent_rejects").alias("in_table"))
+            not_replayed(rejects, fact).select(
+                "kafka_partition", "kafka_offset", F.lit("clickevent_rejects").alias("in_table")
+            )
         )
     return rows
 

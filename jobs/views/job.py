@@ -12,6 +12,13 @@ snapshot scan, this survives the click table's compaction (rewrite snapshots car
 and snapshot expiry (no snapshot id to lose). If the click table's offsets ever go back below the
 watermark (a recreated topic, a restored table) or switch topic, new rows would hide below it: the
 job stops with an error instead of silently counting nothing.
+
+Rows a replay of rejects (`jobs/replay`) lands are at offsets the watermark may have passed. Each
+commit also stores the click snapshot it counted through (`lakehouse.views.clicks-snapshot`); the
+next batch reads what every replay commit between that snapshot and the new one appended (an
+incremental read of that one commit) and counts the rows below the watermark (those above it the
+offset rule counts). If that part of the click table's history is gone (expired while the job was
+stopped), it says so: `lakehouse verify` then tells whether the view is off.
 """
 
 from __future__ import annotations
@@ -31,7 +38,14 @@ from pyspark.sql.types import DecimalType, LongType, StringType, StructField, St
 
 from jobs.common import progress_keys
 from jobs.common.arrow_frames import arrow_frame
-from jobs.common.lake_tables import FACT_TABLE, OFFSETS_KEY, VIEWS_TABLE, offsets_at_or_after
+from jobs.common.lake_tables import (
+    FACT_TABLE,
+    OFFSETS_KEY,
+    REPLAY_KEY,
+    VIEWS_TABLE,
+    load_iceberg_table,
+    offsets_at_or_after,
+)
 from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink, guarded
 from jobs.common.snapshot_progress import (
     COMMIT_ID_KEY,
@@ -50,6 +64,7 @@ from jobs.config import LakehouseConfig
 log = logging.getLogger("product_views")
 
 PROGRESS_KEY = progress_keys.VIEWS_CLICK_OFFSETS
+COUNTED_SNAPSHOT_KEY = progress_keys.VIEWS_CLICKS_SNAPSHOT
 GROUP_COLUMNS = ("productId", "name", "product_price")
 
 Watermark = dict[int, int]  # kafka partition -> next click offset not yet counted
@@ -123,6 +138,14 @@ def uncounted_clicks(clicks: DataFrame, watermark: Watermark) -> DataFrame:
     known = list(watermark)
     new_partition = ~F.col("kafka_partition").isin(known) if known else F.lit(True)
     return clicks.where(offsets_at_or_after(watermark) | new_partition)
+
+
+def late_clicks(replayed: DataFrame, watermark: Watermark) -> DataFrame:
+    """Rows a replay appended that the offset rule does not count: below the watermark."""
+    known = list(watermark)
+    if not known:
+        return replayed.where(F.lit(False))
+    return replayed.where(F.col("kafka_partition").isin(known) & ~offsets_at_or_after(watermark))
 
 
 def views_delta(uncounted: DataFrame) -> DataFrame:
@@ -223,6 +246,7 @@ class ProductViews(StreamingJob):
         self.metrics = guarded(metrics)
         self.topic = ANY_TOPIC
         self.watermark: Watermark = {}
+        self.counted_snapshot: int | None = None  # the click snapshot the view counted through
         self.batches = 0
         self._last_clicks_snapshot: int | None = None
         self.last_lag_seconds: float | None = None  # now - the newest event time counted, at commit
@@ -235,6 +259,8 @@ class ProductViews(StreamingJob):
     def prepare(self) -> None:
         self.spark.sql(views_table_ddl(self.settings.views_table))
         self.topic, self.watermark = self._stored_watermark()
+        counted = read_progress(self.spark, self.settings.views_table, COUNTED_SNAPSHOT_KEY)
+        self.counted_snapshot = int(counted) if counted else None
         self._rows = None
         log.info("resuming %s from %s offsets %s", self.settings.views_table, self.topic, self.watermark)
 
@@ -272,13 +298,22 @@ class ProductViews(StreamingJob):
         clicks = (
             self.spark.read.format("iceberg").option("snapshot-id", snapshot).load(self.settings.clicks_table)
         )
-        delta = fold_delta(views_delta(uncounted_clicks(clicks, self.watermark)).collect(), self.watermark)
+        uncounted = uncounted_clicks(clicks, self.watermark)
+        for replay in self._replays_since(snapshot):
+            appended = (
+                self.spark.read.format("iceberg")
+                .option("start-snapshot-id", replay.parentId())
+                .option("end-snapshot-id", replay.snapshotId())
+                .load(self.settings.clicks_table)
+            )
+            uncounted = uncounted.unionByName(late_clicks(appended, self.watermark))
+        delta = fold_delta(views_delta(uncounted).collect(), self.watermark)
         self._last_clicks_snapshot = snapshot
         if not delta.counts:
             return 0  # e.g. a compaction snapshot: same rows, nothing new
         began = time.monotonic()
-        self._commit(topic, delta)
-        self.topic, self.watermark = topic, delta.watermark
+        self._commit(topic, delta, snapshot)
+        self.topic, self.watermark, self.counted_snapshot = topic, delta.watermark, snapshot
         self.batches += 1
         if delta.newest_event is not None:
             # PySpark returns naive local-time datetimes; .timestamp() reads them back the same way.
@@ -306,6 +341,26 @@ class ProductViews(StreamingJob):
             self.on_commit(delta, snapshot)
         return delta.views
 
+    def _replays_since(self, snapshot: int) -> list:
+        """The replay commits after the snapshot last counted, up to `snapshot`, oldest first."""
+        if self.counted_snapshot is None:
+            return []  # a new view counts every row; a view of an earlier version saw no replay
+        table = load_iceberg_table(self.spark, self.settings.clicks_table)
+        replays, current = [], table.snapshot(snapshot)
+        while current is not None and current.snapshotId() != self.counted_snapshot:
+            if current.summary().get(REPLAY_KEY) is not None:
+                replays.append(current)
+            parent = current.parentId()
+            current = table.snapshot(parent) if parent is not None else None
+        if current is None:
+            log.warning(
+                "the click table's history since snapshot %s (the last counted) is gone (expired?): "
+                "rows replayed in it cannot be told apart; `lakehouse verify` says if the view is off",
+                self.counted_snapshot,
+            )
+            return []
+        return replays[::-1]
+
     def _table_rows(self, snapshot: int | None) -> list:
         if snapshot is None:
             return []
@@ -316,7 +371,7 @@ class ProductViews(StreamingJob):
             .collect()
         )
 
-    def _commit(self, topic: str, delta: Delta) -> None:
+    def _commit(self, topic: str, delta: Delta, clicks_snapshot: int) -> None:
         """Rewrite the (small) view as its state at the snapshot that holds this job's watermark plus
         `delta`, in one exclusive overwrite validated from that snapshot: if anyone else committed
         data since, Iceberg rejects the commit, so a second writer can never double-count."""
@@ -325,7 +380,11 @@ class ProductViews(StreamingJob):
         # watermark (two jobs resuming from one point count the same clicks).
         commit_id = uuid.uuid4().hex
         summary = writer_options(
-            {PROGRESS_KEY: watermark_summary(topic, delta.watermark), COMMIT_ID_KEY: commit_id}
+            {
+                PROGRESS_KEY: watermark_summary(topic, delta.watermark),
+                COUNTED_SNAPSHOT_KEY: str(clicks_snapshot),
+                COMMIT_ID_KEY: commit_id,
+            }
         )
         now = datetime.now(UTC)  # one value for every attempt: an attempt that landed wrote it
 

@@ -206,7 +206,7 @@ def step_log(
 
 
 def submit(session, config: DeploymentConfig, outputs: dict[str, str], job: str, payload: dict) -> str:
-    """Start a batch job's state machine (report, maintain, verify, gendata); returns the execution ARN.
+    """Start a batch job's state machine (report, maintain, verify, replay, gendata); returns the ARN.
     Streaming jobs are kept running by the supervisor: `stop` one and it starts it again."""
     _check_job(config, job)
     if job not in BATCH_JOBS:

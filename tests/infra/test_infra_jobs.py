@@ -255,8 +255,8 @@ def test_step_functions_and_the_supervisor_touch_steps_of_this_cluster_only(synt
     assert tagged["Condition"] == {
         "StringEquals": {"elasticmapreduce:ResourceTag/lakehouse-emr-cluster": name}
     }
-    # supervisor + report, maintain, verify (+ gendata in dev)
-    assert len(emr_statements) == 4 + synthesized.config.jobs.deploy_gendata
+    # supervisor + report, maintain, verify, replay (+ gendata in dev)
+    assert len(emr_statements) == 5 + synthesized.config.jobs.deploy_gendata
     for statement in emr_statements:
         resource = json.dumps(statement["Resource"])
         assert "cluster/*" not in resource and "cluster/" in resource
@@ -272,7 +272,8 @@ def test_every_step_caps_its_executors(synthesized):
     resources = synthesized.config.jobs
     machines = synthesized.template("Jobs").find_resources("AWS::StepFunctions::StateMachine")
     definitions = [_definition(m) for m in machines.values() if "addStep.sync" in _definition(m)]
-    assert len(definitions) == 3 + resources.deploy_gendata  # report, maintain, verify (+ gendata in dev)
+    # report, maintain, verify, replay (+ gendata in dev)
+    assert len(definitions) == 4 + resources.deploy_gendata
     for definition in definitions:
         for key, value in resources.batch_resources.submit_conf().items():
             assert f"{key}={value}" in definition

@@ -499,8 +499,8 @@ def test_every_publisher_to_the_alerts_topic_may_use_its_key(synthesized):
     topic = env.templates["Monitoring"]["Resources"][topic_id]["Properties"]
     key_id = env.resolve("Monitoring", topic["KmsMasterKeyId"]).logical_id
     publishers = env.grantees("sns:Publish", "Monitoring", topic_id)
-    # the step supervisor, the report, maintain and verify state machines, and gendata's in dev
-    assert len(publishers) == 4 + env.config.jobs.deploy_gendata
+    # the step supervisor, the report, maintain, verify and replay state machines, and gendata's in dev
+    assert len(publishers) == 5 + env.config.jobs.deploy_gendata
     missing = {
         f"{concern}/{role}: {action}"
         for action in ("kms:GenerateDataKey", "kms:Decrypt")
