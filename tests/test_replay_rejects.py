@@ -83,13 +83,9 @@ def test_a_replay_killed_before_and_after_its_commit_lands_each_fixed_reject_onc
     views.prepare()
     assert views.run_batch() > 0
 
-    replay = [
-        "replay-rejects",
-        "--fact-table",
-        f"lakehouse.{case.fact}",
-        "--rejects-table",
-        f"lakehouse.{case.rejects}",
-    ]
+    tables = {"fact_table": f"lakehouse.{case.fact}", "rejects_table": f"lakehouse.{case.rejects}"}
+    tables |= {"views_table": views_table, "topic": case.topic}
+    replay = ["replay-rejects", *(a for k, v in tables.items() for a in (f"--{k.replace('_', '-')}", v))]
     facts_before = lineage(case.rows(case.fact, pyiceberg_catalog))
     killed = run_cli(*replay, check=False, env={**os.environ, "LAKEHOUSE_CRASH_AT": "replay.before-commit"})
     assert killed.returncode == -9, killed.stderr[-3000:]
@@ -98,12 +94,16 @@ def test_a_replay_killed_before_and_after_its_commit_lands_each_fixed_reject_onc
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert lineage(case.rows(case.fact, pyiceberg_catalog)) == facts_before + fixed  # all landed, once
 
-    settings = ReplaySettings(
-        f"lakehouse.{case.fact}", f"lakehouse.{case.rejects}", lake_config.table("dim_db", "products")
-    )
+    settings = ReplaySettings(**tables, products_table=lake_config.table("dim_db", "products"))
     again = replay_rejects(spark, settings)
     assert again.replayed == 0 and not again.passing  # the replayed are done; the malformed still fail
-    assert sum(again.considered.values()) == sum(1 for _, _, p in delivered if kind[p] != VALID)
+    time_bound = [r for r in rejects_before if r["reason"].startswith("update_time_out_of_range")]
+    assert sum(again.considered.values()) == len(rejects_before) - len(fixed) - len(time_bound)
+    # The time-bound reason only when named; the generator's are far out of range: still rejects.
+    from dataclasses import replace as with_
+
+    named = replay_rejects(spark, with_(settings, reasons=("update_time_out_of_range",), dry_run=True))
+    assert (sum(named.considered.values()), named.passing) == (len(time_bound), {}) and time_bound
 
     # The ingest carries on past the replay's commit (an append without its offsets), and so does views.
     more = case.produce([r.payload for r in generate_records(300, seed=52)])
@@ -137,3 +137,73 @@ def test_a_replay_killed_before_and_after_its_commit_lands_each_fixed_reject_onc
     assert clicks.status == "ok" and clicks.compared == len(delivered) + len(more), clicks
     counts = verify_views(spark, config)
     assert counts.status == "ok", counts
+
+    # An append that is no replay (no bounds below the ingest's offsets) still stops an ingest.
+    from jobs.common.snapshot_progress import ConcurrentWriterError
+
+    other = case.new_ingest(spark, read_by="driver")
+    pyiceberg_catalog.load_table(case.fact).append(
+        pyiceberg_catalog.load_table(case.fact).scan(limit=1).to_arrow()
+    )
+    case.produce([r.payload for r in generate_records(30, seed=53)])
+    with pytest.raises(ConcurrentWriterError, match="another ingest committed to"):
+        other.run_batch()
+    other.close()
+
+
+def test_a_replay_refuses_a_view_an_earlier_release_counts(spark, lake_config) -> None:
+    """A views job of an earlier release stores no counted click snapshot and would never count
+    replayed rows below its watermark: the replay refuses before it writes; once this release's
+    views job has committed, it goes ahead."""
+    from jobs.common.progress_keys import VIEWS_CLICK_OFFSETS, VIEWS_CLICKS_SNAPSHOT
+    from jobs.common.snapshot_progress import writer_options
+    from jobs.replay.job import ViewsOfAnEarlierRelease, check_views_count_replays
+
+    table = "lakehouse.ads_behavior.views_replay_probe"
+    spark.sql(f"DROP TABLE IF EXISTS {table}")
+    spark.sql(f"CREATE TABLE {table} (productId string, views bigint) USING iceberg")
+    check_views_count_replays(spark, table)  # nothing counted yet: fine
+    row = spark.createDataFrame([("1", 3)], "productId string, views bigint")
+    row.writeTo(table).options(**writer_options({VIEWS_CLICK_OFFSETS: '{"clicktopic":{"0":3}}'})).append()
+    with pytest.raises(ViewsOfAnEarlierRelease, match="earlier release"):
+        check_views_count_replays(spark, table)
+    now = {VIEWS_CLICK_OFFSETS: '{"clicktopic":{"0":4}}', VIEWS_CLICKS_SNAPSHOT: "1"}
+    row.writeTo(table).options(**writer_options(now)).append()
+    check_views_count_replays(spark, table)
+
+
+def test_candidates_are_rejects_below_the_stored_offsets_not_yet_in_the_facts(spark) -> None:
+    """A reject at or past the fact table's stored offsets (after a rollback of the fact table) is
+    one the ingest will read again: never a candidate; nor one already replayed, nor (by default)
+    one whose verdict needs the Kafka timestamp."""
+    from jobs.replay.job import not_replayed
+
+    schema = "reason string, kafka_partition int, kafka_offset long, ingested_at timestamp"
+    rejects = spark.createDataFrame(
+        [("not_json", 0, 5, None), ("not_json", 0, 12, None), ("not_json", 1, 2, None),
+         ("wrong_type: uid", 0, 7, None), ("update_time_out_of_range", 0, 8, None)],
+        schema,
+    )  # fmt: skip
+    facts = spark.createDataFrame([(0, 7)], "kafka_partition int, kafka_offset long")
+
+    def candidates(reasons=(), stored=None):
+        chosen = not_replayed(rejects, facts, reasons, None, {0: 10, 1: 1} if stored is None else stored)
+        return sorted((r["kafka_partition"], r["kafka_offset"]) for r in chosen.collect())
+
+    assert candidates() == [
+        (0, 5)
+    ]  # 12 and (1, 2) are past the stored offsets; 7 is replayed; 8 is time-bound
+    assert candidates(("update_time_out_of_range",)) == [(0, 8)]
+    assert candidates(stored={0: 20, 1: 3}) == [(0, 5), (0, 12), (1, 2)]
+
+
+def test_an_ingest_validates_past_a_replay_only_below_its_own_offsets() -> None:
+    from jobs.common.lake_tables import OFFSETS_KEY, REPLAY_KEY, replayed_below
+
+    replay = {REPLAY_KEY: json.dumps({"id": "r", "below": {"0": 10, "1": 4}})}
+    assert replayed_below(replay, {0: 10, 1: 9})
+    assert not replayed_below(replay, {0: 9, 1: 9})  # one row at the ingest's offset 9: it reads it again
+    assert not replayed_below(replay, {0: 10})  # a partition the ingest has not read
+    assert not replayed_below({**replay, OFFSETS_KEY: "{}"}, {0: 10, 1: 9})  # an ingest's commit
+    assert not replayed_below({REPLAY_KEY: json.dumps({"id": "r"})}, {0: 10})  # an earlier format: no bounds
+    assert not replayed_below({}, {0: 10})

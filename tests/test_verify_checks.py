@@ -8,13 +8,23 @@ from decimal import Decimal
 
 import pytest
 
-from jobs.verify.clicks import beyond_stored, bounds_frame, check_clicks, duplicate_ranges, missing_ranges
+from jobs.verify.clicks import (
+    beyond_stored,
+    bounds_frame,
+    check_clicks,
+    duplicate_ranges,
+    lost_ranges,
+    missing_ranges,
+)
 from jobs.verify.findings import CheckResult, Finding, exit_code, metric_data
 from jobs.verify.views import check_views
 
 
 def _lineage(spark, pairs):
-    return spark.createDataFrame(pairs, "kafka_partition int, kafka_offset long")
+    from pyspark.sql import functions as F
+
+    frame = spark.createDataFrame(pairs, "kafka_partition int, kafka_offset long")
+    return frame.withColumn("ingested_at", F.lit("2026-11-29 00:00:00").cast("timestamp"))
 
 
 def _ranges(frame) -> list[tuple[int, int, int]]:
@@ -84,7 +94,15 @@ def test_offsets_the_topic_no_longer_holds_are_checked_within_the_lake(spark) ->
     unknown = "partition 1: offsets before 5 are in neither the topic nor the lake; not compared"
     assert unknown in damaged.notes
     lost_hint = next(f.hint for f in damaged.findings if f.kind == "missing offsets no longer in the topic")
-    assert "no longer holds" in lost_hint
+    assert "no longer holds" in lost_hint and "lakehouse.kafka.lost.<topic>.<partition>" in lost_hint
+    # A loss recorded as accepted (table property) is noted, not found; the rest is still found.
+    accepted = lost_ranges({"lakehouse.kafka.lost.t.0": "1-1", "lakehouse.kafka.lost.other.0": "4-5"}, "t")
+    assert accepted == {0: [(1, 1)]}
+    known = check_clicks(spark, holes, rejects, {0: 10, 1: 8}, {0: 10, 1: 8}, {0: 4, 1: 5}, "t", accepted)
+    assert {f.kind for f in known.findings} == {"missing offsets"}
+    assert "partition 0: offsets 1-1 recorded as lost (lakehouse.kafka.lost); not counted" in known.notes
+    with pytest.raises(ValueError, match="lakehouse.kafka.lost.t.0"):
+        lost_ranges({"lakehouse.kafka.lost.t.0": "one-two"}, "t")
 
 
 def _clicks(spark, rows):
@@ -172,6 +190,7 @@ def test_on_aws_row_values_stay_out_of_the_output_and_the_stored_file_has_them(s
     the tables, under the lake's read guard); offset ranges (lineage) stay; counts and the exit code
     are those of the full findings. Locally, everything is printed."""
     import json
+    import os
     from dataclasses import replace
 
     from jobs.config import LakehouseConfig
@@ -180,8 +199,9 @@ def test_on_aws_row_values_stay_out_of_the_output_and_the_stored_file_has_them(s
     results = _found_everywhere()
     config = replace(lake_config, catalog=replace(lake_config.catalog, warehouse=str(tmp_path / "wh")))
     stored_at = store_findings(spark, config, 0.0, results)
-    assert stored_at == f"{tmp_path}/wh/{FINDINGS_FOLDER}/verify-19700101T000000Z.json"
-    stored = json.loads((tmp_path / "wh" / FINDINGS_FOLDER / "verify-19700101T000000Z.json").read_text())
+    name = f"verify-19700101T000000Z-{os.getpid()}.json"
+    assert stored_at == f"{tmp_path}/wh/{FINDINGS_FOLDER}/{name}"
+    stored = json.loads((tmp_path / "wh" / FINDINGS_FOLDER / name).read_text())
     assert stored["checks"][1]["findings"][0]["examples"] == ["key alice@example.com"]
     assert stored["exit_code"] == 1
 

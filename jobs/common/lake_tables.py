@@ -36,6 +36,16 @@ OFFSETS_KEY = progress_keys.KAFKA_OFFSETS
 REPLAY_KEY = "lineage.replay"
 
 
+def replayed_below(summary: dict, offsets: dict[int, int]) -> bool:
+    """A replay commit whose rows all lie below `offsets` (its `below`: partition -> highest
+    offset + 1), so an ingest at `offsets` can never read them again."""
+    replay = json.loads(summary.get(REPLAY_KEY) or "null")
+    if not isinstance(replay, dict) or OFFSETS_KEY in summary:
+        return False
+    below = replay.get("below", {})
+    return bool(below) and all(int(end) <= offsets.get(int(p), 0) for p, end in below.items())
+
+
 def offsets_from_summary(value: str | None, topic: str) -> dict[int, int]:
     """The value under OFFSETS_KEY -> {partition: next offset} for `topic` ({} when unset)."""
     if not value:

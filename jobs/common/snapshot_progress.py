@@ -114,6 +114,16 @@ def progress_as_of(spark, table: str, snapshot_id: int | None, key: str) -> str 
     return None
 
 
+def progress_summary_as_of(spark, table: str, snapshot_id: int | None, key: str) -> dict[str, str] | None:
+    """The whole summary of the snapshot `progress_as_of` reads `key` from: keys a job commits
+    together are read from one commit, never from two."""
+    for snapshot in _ancestors(spark, table, snapshot_id):
+        summary = dict(snapshot.summary())
+        if key in summary:
+            return summary
+    return None
+
+
 def exclusive_append_options(validate_from_snapshot: int | None) -> dict[str, str]:
     """DataFrameWriterV2 options that, with `.overwrite(lit(False))`, make an append that fails if any
     other commit added data since `validate_from_snapshot` (None: since the table began).
@@ -137,19 +147,48 @@ def is_concurrent_append(exc: BaseException) -> bool:
     return any(marker in str(exc) for marker in _CONCURRENT_APPEND)
 
 
-def appended_without(spark, table: str, key: str, since: int | None) -> int | None:
-    """After an exclusive append lost: the current snapshot's id if every snapshot committed after
-    `since` (None: since the table began) lacks `key` in its summary, else None.
+REBASES = 20  # commits of other jobs one exclusive append may validate past before it gives up
 
-    A job's own kind of writer always commits `key` (the ingest its offsets); a snapshot without it
-    came from a writer whose rows never overlap this job's (a replay of rejects, a repair of missing
-    offsets below the stored ones): the append may validate from the current snapshot instead."""
+
+def adds_no_data(summary: Mapping[str, str]) -> bool:
+    """A snapshot that adds no data file (compaction's rewrite, a delete, a metadata-only commit)."""
+    return summary.get("added-data-files", "0") == "0" and summary.get("added-delete-files", "0") == "0"
+
+
+def exclusive_append_past(
+    spark, table: str, write: Callable[[dict[str, str]], None], options: dict[str, str], passable
+) -> bool:
+    """`write(options)`, an exclusive append (`exclusive_append_options` in `options`). When it
+    loses because others appended since the snapshot it validates from, and `passable(summary)` holds
+    for every snapshot committed since, validate from the newest and write again: those writers'
+    rows cannot overlap this one's (a replay of rejects below an ingest's offsets). Returns False,
+    having written nothing, when a snapshot that is not passable is among them (the caller stops,
+    or plans again)."""
+    for _ in range(REBASES):
+        try:
+            write(options)
+            return True
+        except Exception as exc:
+            if not is_concurrent_append(exc):
+                raise
+            since = options.get("validate-from-snapshot-id")
+            rebased = _newest_if_all(spark, table, int(since) if since else None, passable)
+            if rebased is None:
+                return False
+            log.info("%s: validating past appends that cannot overlap this one's", table)
+            options.update(exclusive_append_options(rebased))
+    raise RuntimeError(f"{table}: other jobs kept appending; {REBASES} attempts lost the race")
+
+
+def _newest_if_all(spark, table: str, since: int | None, passable) -> int | None:
+    """The current snapshot's id if every snapshot after `since` (None: since the table began) along
+    the current ancestry is `passable(summary)`, else None."""
     current = None
     for snapshot in _ancestors(spark, table, max_depth=1000):
         current = snapshot.snapshotId() if current is None else current
         if snapshot.snapshotId() == since:
             return current
-        if snapshot.summary().get(key) is not None:
+        if not passable(dict(snapshot.summary())):
             return None
     return current if since is None else None
 

@@ -40,16 +40,17 @@ from jobs.common.lake_tables import (
     offsets_from_summary,
     offsets_summary,
     rejects_table_ddl,
+    replayed_below,
 )
 from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink, guarded
 from jobs.common.run_modes import StopRequest
 from jobs.common.snapshot_progress import (
     COMMIT_ID_KEY,
     ConcurrentWriterError,
-    appended_without,
+    adds_no_data,
     exclusive_append_options,
+    exclusive_append_past,
     find_commit,
-    is_concurrent_append,
     read_stored_progress,
     retry_commit,
     writer_options,
@@ -80,8 +81,6 @@ from jobs.ingest.validation import (
     valid_click_events,
 )
 
-# Appends of other jobs (replays) one commit may validate past before it gives up.
-REBASES = 20
 log = logging.getLogger("clickstream_ingest")
 
 # Held rejects keep their batches materialized: commit them once this many records are held.
@@ -467,30 +466,30 @@ class ClickstreamIngest(StreamingJob):
             if landed is not None:
                 log.warning("%s: the commit of the previous attempt had landed; not appending again", table)
                 return landed
-            for _ in range(REBASES):
-                try:
-                    rows.writeTo(table).options(**options).overwrite(F.lit(False))
-                    break
-                except Exception as exc:
-                    if not is_concurrent_append(exc):
-                        raise
-                    landed = find_commit(self.spark, table, commit_id)
-                    if landed is not None:
-                        return landed
-                    # Rows a replay of rejects (`jobs/replay`) appended at offsets this job has passed:
-                    # not another ingest. Validate from after them and append again.
-                    since = options.get("validate-from-snapshot-id")
-                    rebased = appended_without(self.spark, table, OFFSETS_KEY, int(since) if since else None)
-                    if rebased is None:
-                        raise ConcurrentWriterError(
-                            f"another ingest committed to {table} since this one's last commit (offsets "
-                            f"{offsets_summary(self.settings.topic, base.offsets)}): only one ingest may "
-                            "write a table; stopping without committing this batch"
-                        ) from exc
-                    log.info("%s: another job (not an ingest) appended since this one's last commit", table)
-                    options.update(exclusive_append_options(rebased))
-            else:
-                raise RuntimeError(f"{table}: other jobs kept appending; {REBASES} attempts lost the race")
+
+            # Rows a replay of rejects (`jobs/replay`) appended below this job's offsets are not
+            # another ingest's: validate past them. Any other append stops this job.
+            def passable(summary: dict) -> bool:
+                if OFFSETS_KEY in summary:  # an ingest's, even one that only moved its offsets
+                    return False
+                return adds_no_data(summary) or replayed_below(summary, base.offsets)
+
+            written = exclusive_append_past(
+                self.spark,
+                table,
+                lambda opts: rows.writeTo(table).options(**opts).overwrite(F.lit(False)),
+                options,
+                passable,
+            )
+            if not written:
+                landed = find_commit(self.spark, table, commit_id)
+                if landed is not None:
+                    return landed
+                raise ConcurrentWriterError(
+                    f"another ingest committed to {table} since this one's last commit (offsets "
+                    f"{offsets_summary(self.settings.topic, base.offsets)}): only one ingest may "
+                    "write a table; stopping without committing this batch"
+                )
             landed = find_commit(self.spark, table, commit_id)
             if landed is None:
                 raise RuntimeError(f"{table}: commit {commit_id} succeeded but is not in the table's history")

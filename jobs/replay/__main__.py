@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -19,7 +20,7 @@ from jobs.common.job_args import (
     config_from_args,
     reports_config_errors,
 )
-from jobs.common.lake_tables import FACT_TABLE, PRODUCTS_TABLE, REJECTS_TABLE
+from jobs.common.lake_tables import FACT_TABLE, PRODUCTS_TABLE, REJECTS_TABLE, VIEWS_TABLE
 from jobs.config import ConfigError
 from jobs.replay.job import ReplayResult, ReplaySettings, replay_rejects
 
@@ -43,13 +44,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="REASON",
-        help="only rejects of this reason kind (e.g. wrong_type, or `wrong_type: uid`); repeatable",
+        help="only rejects of this reason kind (e.g. wrong_type, or `wrong_type: uid`); repeatable. "
+        "Default: all but update_time_out_of_range (its bound needs the record's Kafka timestamp, "
+        "which rejects do not keep)",
     )
     group.add_argument("--since", type=since_time, help="only rejects ingested at or after this UTC time")
     group.add_argument("--dry-run", action="store_true", help="count what would pass; write nothing")
     group.add_argument("--fact-table", help="default lakehouse.ods_behavior.clickevent")
     group.add_argument("--rejects-table", help="default lakehouse.ods_behavior.clickevent_rejects")
     group.add_argument("--products-table", help="default lakehouse.dim_db.products")
+    group.add_argument("--views-table", help="default lakehouse.ads_behavior.product_views")
+    group.add_argument("--topic", help="the ingest's topic (default from config: clicktopic)")
     return parser.parse_args(list(argv))
 
 
@@ -58,9 +63,14 @@ def print_result(result: ReplayResult, dry_run: bool) -> None:
         print("replay: no rejects left to replay")
         return
     verb = "would replay" if dry_run else "replayed"
-    for reason in sorted(result.considered):
-        passing = result.passing.get(reason, 0)
-        print(f"replay: {reason}: {result.considered[reason]} not replayed before, {passing} pass now")
+    # A reason's kind and field only: an `unconvertible` reason's detail can quote the value.
+    considered, passing = Counter(), Counter()
+    for reason, count in result.considered.items():
+        considered[": ".join(reason.split(": ")[:2])] += count
+    for reason, count in result.passing.items():
+        passing[": ".join(reason.split(": ")[:2])] += count
+    for reason in sorted(considered):
+        print(f"replay: {reason}: {considered[reason]} not replayed before, {passing[reason]} pass now")
     where = f" (snapshot {result.snapshot_id})" if result.snapshot_id else ""
     print(f"replay: {verb} {sum(result.passing.values())} of {sum(result.considered.values())}{where}")
 
@@ -74,6 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         fact_table=args.fact_table or config.table(*FACT_TABLE),
         rejects_table=args.rejects_table or config.table(*REJECTS_TABLE),
         products_table=args.products_table or config.table(*PRODUCTS_TABLE),
+        topic=args.topic or config.kafka.topic,
+        views_table=args.views_table or config.table(*VIEWS_TABLE),
         reasons=tuple(args.reason),
         since=args.since,
         dry_run=args.dry_run,

@@ -34,20 +34,24 @@ from datetime import UTC, datetime
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from jobs.common import progress_keys
 from jobs.common.fault_injection import crash_point
-from jobs.common.lake_tables import REPLAY_KEY, load_iceberg_table
+from jobs.common.lake_tables import OFFSETS_KEY, REPLAY_KEY, load_iceberg_table, offsets_from_summary
 from jobs.common.snapshot_progress import (
-    appended_without,
     exclusive_append_options,
-    is_concurrent_append,
+    exclusive_append_past,
     main_snapshot,
+    progress_as_of,
+    progress_summary_as_of,
     writer_options,
 )
+from jobs.config import ConfigError
 from jobs.ingest.kafka_source import FETCHED_RECORD
 from jobs.ingest.products_dimension import read_products
 from jobs.ingest.validation import (
     REQUIRED_FIELDS,
     ClickEvent,
+    RejectReason,
     classify_payload,
     to_click_events,
     valid_click_events,
@@ -56,6 +60,9 @@ from jobs.ingest.validation import (
 log = logging.getLogger("replay")
 
 LINEAGE = ["kafka_partition", "kafka_offset"]
+# Its verdict depends on the record's Kafka timestamp, which the rejects do not keep: replayed only
+# when asked for by name (`--reason update_time_out_of_range`), bounded by `ingested_at` instead.
+TIME_BOUND = RejectReason.UPDATE_TIME_OUT_OF_RANGE
 PLANS = 10  # replays that may win the race before this one gives up
 
 
@@ -64,7 +71,9 @@ class ReplaySettings:
     fact_table: str
     rejects_table: str
     products_table: str
-    reasons: tuple[str, ...] = ()  # reason kinds (`not_json`, `wrong_type: uid` ...); () = all
+    topic: str  # the ingest's topic: its stored offsets bound what may be replayed
+    views_table: str | None = None  # must be counted by a views job that counts replays
+    reasons: tuple[str, ...] = ()  # reason kinds (`not_json`, `wrong_type: uid` ...); () = all but TIME_BOUND
     since: datetime | None = None  # only rejects ingested at or after this (UTC)
     dry_run: bool = False
 
@@ -80,17 +89,26 @@ class ReplayResult:
 # ---- transforms -----------------------------------------------------------------------------------
 
 
-def not_replayed(rejects: DataFrame, facts: DataFrame, reasons: Sequence[str], since) -> DataFrame:
-    """Rejects no fact row has the lineage of, optionally of some reasons (a reason kind matches
-    `kind` and `kind: detail`) and ingested since a time; one row per lineage."""
-    selected = rejects
-    if reasons:
-        match = F.lit(False)
-        for reason in reasons:
-            match = match | (F.col("reason") == reason) | F.col("reason").startswith(f"{reason}: ")
-        selected = selected.where(match)
+def _of_reasons(reasons: Sequence[str]):
+    match = F.lit(False)
+    for reason in reasons:  # a reason kind matches `kind` and `kind: detail`
+        match = match | (F.col("reason") == reason) | F.col("reason").startswith(f"{reason}: ")
+    return match
+
+
+def not_replayed(
+    rejects: DataFrame, facts: DataFrame, reasons: Sequence[str], since, stored: dict[int, int]
+) -> DataFrame:
+    """Rejects no fact row has the lineage of, below the fact table's stored offsets `stored` (an
+    offset at or past them the ingest will read again: after a rollback of the fact table, say), of
+    the given reasons (none given: all but TIME_BOUND) and ingested since a time; one per lineage."""
+    selected = rejects.where(_of_reasons(reasons) if reasons else ~_of_reasons([TIME_BOUND]))
     if since is not None:
         selected = selected.where(F.col("ingested_at") >= F.lit(since))
+    below = F.lit(False)
+    for partition, end in stored.items():
+        below = below | ((F.col("kafka_partition") == partition) & (F.col("kafka_offset") < end))
+    selected = selected.where(below)
     return selected.join(facts.select(*LINEAGE), on=LINEAGE, how="left_anti").dropDuplicates(LINEAGE)
 
 
@@ -133,24 +151,65 @@ def revalidated(candidates: DataFrame) -> DataFrame:
                     )
                 else:
                     rows.append({**base, "reject_reason": verdict.reason})
-            yield pa.RecordBatch.from_pylist(rows, schema=arrow_schema)
+            try:
+                yield pa.RecordBatch.from_pylist(rows, schema=arrow_schema)
+            except (pa.ArrowException, TypeError, ValueError, OverflowError):
+                yield pa.RecordBatch.from_pylist(
+                    [_convertible(r, arrow_schema) for r in rows], schema=arrow_schema
+                )
 
     columns = ["kafka_partition", "kafka_offset", "raw_payload", "payload_is_base64", "reason", "ingested_at"]
     return candidates.select(*columns).mapInArrow(classify, schema)
 
 
+def _convertible(row: dict, schema) -> dict:
+    """`row`, or the reject it stays when Arrow refuses one of its values (as the ingest does)."""
+    import pyarrow as pa
+
+    try:
+        pa.RecordBatch.from_pylist([row], schema=schema)
+        return row
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        kept = {k: row[k] for k in ("kafka_partition", "kafka_offset", "kafka_timestamp_ms", "raw_payload",
+                                   "payload_is_base64", "old_reason")}  # fmt: skip
+        return {**kept, "reject_reason": f"{RejectReason.UNCONVERTIBLE}: {type(exc).__name__}"}
+
+
 # ---- the job --------------------------------------------------------------------------------------
+
+
+class ViewsOfAnEarlierRelease(ConfigError):
+    """The view was last committed by a views job that does not count replayed rows."""
+
+
+def check_views_count_replays(spark, views_table: str | None) -> None:
+    """A views job of an earlier release (one that stores no counted click snapshot) would never
+    count the replayed rows below its watermark: refuse, before anything is written."""
+    if views_table is None or not spark.catalog.tableExists(views_table):
+        return
+    summary = progress_summary_as_of(spark, views_table, None, progress_keys.VIEWS_CLICK_OFFSETS)
+    if summary is not None and progress_keys.VIEWS_CLICKS_SNAPSHOT not in summary:
+        raise ViewsOfAnEarlierRelease(
+            f"{views_table} was last committed by a views job of an earlier release, which would not "
+            "count the replayed clicks: run this release's views job (it commits with the next click "
+            "batch), then replay"
+        )
 
 
 def replay_rejects(spark: SparkSession, settings: ReplaySettings) -> ReplayResult:
     """Plan, then append in one exclusive commit; another replay's commit in between plans again."""
+    if not settings.dry_run:
+        check_views_count_replays(spark, settings.views_table)
     for _ in range(PLANS):
         base = main_snapshot(spark, settings.fact_table)
         facts = spark.table(settings.fact_table)
         if base is not None:
             facts = spark.read.format("iceberg").option("snapshot-id", base).load(settings.fact_table)
+        stored = offsets_from_summary(
+            progress_as_of(spark, settings.fact_table, base, OFFSETS_KEY) if base else None, settings.topic
+        )
         candidates = not_replayed(
-            spark.table(settings.rejects_table), facts, settings.reasons, settings.since
+            spark.table(settings.rejects_table), facts, settings.reasons, settings.since, stored
         )
         checked = revalidated(candidates).cache()
         try:
@@ -164,9 +223,16 @@ def replay_rejects(spark: SparkSession, settings: ReplaySettings) -> ReplayResul
             if settings.dry_run or not total:
                 return ReplayResult(considered, passing, 0, None)
             products = read_products(spark, settings.products_table)
-            rows = to_click_events(valid_click_events(checked), products, F.current_timestamp())
-            replay_id = uuid.uuid4().hex
-            summary = {"id": replay_id, "records": total, "reasons": dict(sorted(passing.items()))}
+            passed = valid_click_events(checked)
+            rows = to_click_events(passed, products, F.current_timestamp())
+            ends = passed.groupBy("kafka_partition").agg(F.max("kafka_offset").alias("last")).collect()
+            summary = {
+                "id": uuid.uuid4().hex,
+                "records": total,
+                "reasons": dict(sorted(passing.items())),
+                # What an ingest checks before it validates past this commit (`replayed_below`).
+                "below": {str(r["kafka_partition"]): r["last"] + 1 for r in ends},
+            }
             landed = _append(spark, settings.fact_table, rows, base, summary)
             if landed is not None:
                 return ReplayResult(considered, passing, total, landed)
@@ -177,27 +243,19 @@ def replay_rejects(spark: SparkSession, settings: ReplaySettings) -> ReplayResul
 
 
 def _append(spark, table: str, rows: DataFrame, base: int | None, summary: dict) -> int | None:
-    """Append `rows` validated from `base`: past the ingest's appends (they carry no replay), not
-    past another replay's (None: plan again). Returns the new snapshot's id."""
+    """Append `rows` validated from `base`, past the ingest's appends (their offsets are past the
+    replayed ones), not past another replay's (None: plan again). Returns the new snapshot's id."""
     options = {
         **writer_options({REPLAY_KEY: json.dumps(summary, sort_keys=True)}),
         **exclusive_append_options(base),
     }
     crash_point("replay.before-commit")
-    for _ in range(100):
-        try:
-            rows.writeTo(table).options(**options).overwrite(F.lit(False))
-            break
-        except Exception as exc:
-            if not is_concurrent_append(exc):
-                raise
-            since = options.get("validate-from-snapshot-id")
-            rebased = appended_without(spark, table, REPLAY_KEY, int(since) if since else None)
-            if rebased is None:
-                return None
-            options.update(exclusive_append_options(rebased))
-    else:
-        raise RuntimeError(f"{table}: the ingest kept committing; 100 attempts lost the race")
+
+    def write(opts: dict[str, str]) -> None:
+        rows.writeTo(table).options(**opts).overwrite(F.lit(False))
+
+    if not exclusive_append_past(spark, table, write, options, lambda summary: REPLAY_KEY not in summary):
+        return None
     crash_point("replay.after-commit")
     return replay_snapshot(spark, table, summary["id"])
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -77,10 +78,16 @@ def _wanted(tables: list[str], name: str) -> bool:
 
 def verify_clicks(spark, config: LakehouseConfig) -> CheckResult:
     from jobs.common.kafka_client import kafka_client_config
-    from jobs.common.lake_tables import FACT_TABLE, OFFSETS_KEY, REJECTS_TABLE, offsets_from_summary
+    from jobs.common.lake_tables import (
+        FACT_TABLE,
+        OFFSETS_KEY,
+        REJECTS_TABLE,
+        load_iceberg_table,
+        offsets_from_summary,
+    )
     from jobs.common.snapshot_progress import main_snapshot, progress_as_of
     from jobs.ingest.kafka_source import BrokerUnavailable, TopicMetadata
-    from jobs.verify.clicks import check_clicks
+    from jobs.verify.clicks import check_clicks, lost_ranges
 
     fact_table, rejects_table = config.table(*FACT_TABLE), config.table(*REJECTS_TABLE)
     if not spark.catalog.tableExists(fact_table):
@@ -107,13 +114,15 @@ def verify_clicks(spark, config: LakehouseConfig) -> CheckResult:
         return CheckResult("kafka -> clicks", CLICKS, error=f"Kafka cannot tell what the topic holds: {exc}")
     finally:
         metadata.close()
-    return check_clicks(spark, fact, rejects, fact_stored, rejects_stored, earliest, CLICKS)
+    properties = dict(load_iceberg_table(spark, fact_table).properties())
+    accepted = lost_ranges(properties, config.kafka.topic)
+    return check_clicks(spark, fact, rejects, fact_stored, rejects_stored, earliest, CLICKS, accepted)
 
 
 def verify_views(spark, config: LakehouseConfig) -> CheckResult:
     from jobs.common.lake_tables import FACT_TABLE, VIEWS_TABLE
     from jobs.common.progress_keys import VIEWS_CLICK_OFFSETS, VIEWS_CLICKS_SNAPSHOT
-    from jobs.common.snapshot_progress import main_snapshot, progress_as_of
+    from jobs.common.snapshot_progress import main_snapshot, progress_as_of, progress_summary_as_of
     from jobs.verify.views import check_views
     from jobs.views.job import watermark_from_summary
 
@@ -127,7 +136,8 @@ def verify_views(spark, config: LakehouseConfig) -> CheckResult:
     views = spark.sql(f"SELECT * FROM {views_table} VERSION AS OF {snapshot}")
     # The clicks as the view last counted them, replayed rows included; by the watermark alone
     # when that snapshot is not known (a view of an earlier version) or expired.
-    counted = progress_as_of(spark, views_table, snapshot, VIEWS_CLICKS_SNAPSHOT)
+    stored = progress_summary_as_of(spark, views_table, snapshot, VIEWS_CLICK_OFFSETS) or {}
+    counted = stored.get(VIEWS_CLICKS_SNAPSHOT)  # from the commit of the watermark, or unknown
     notes = []
     clicks = spark.table(fact_table)
     if counted is not None:
@@ -246,7 +256,7 @@ def findings_uri(spark, config: LakehouseConfig, started: float) -> str:
     catalog = config.catalog
     warehouse = catalog.warehouse or spark.conf.get(f"spark.sql.catalog.{catalog.name}.warehouse")
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
-    return f"{warehouse.rstrip('/')}/{FINDINGS_FOLDER}/verify-{stamp}.json"
+    return f"{warehouse.rstrip('/')}/{FINDINGS_FOLDER}/verify-{stamp}-{os.getpid()}.json"  # two runs a second
 
 
 def store_findings(spark, config: LakehouseConfig, started: float, results: list[CheckResult]) -> str | None:

@@ -34,10 +34,13 @@ DUPLICATE_HINT = (
     "(`SELECT * FROM ods_behavior.clickevent.snapshots`) and roll back to the one before it, or delete "
     "the extra rows by (kafka_partition, kafka_offset, ingested_at)"
 )
+LOST_PROPERTY = "lakehouse.kafka.lost"  # table property `lakehouse.kafka.lost.<topic>.<partition>`
 LOST_PAST_RETENTION_HINT = (
     "the ingest stored these offsets as read but neither table has them, and the topic no longer holds "
     "them: they cannot be read again. Find when they went (`ods_behavior.clickevent.snapshots`, the "
-    "ingest's logs); only the producer's side can resend them"
+    "ingest's logs: `DATA LOST` means they expired before it read them); only the producer's side can "
+    f"resend them. To record a loss you accept: `ALTER TABLE lakehouse.ods_behavior.clickevent SET "
+    f"TBLPROPERTIES ('{LOST_PROPERTY}.<topic>.<partition>'='<first>-<last>[,…]')`; verify then notes it"
 )
 BEYOND_HINT = (
     "rows past the offsets their table stored: something other than the ingest appended them; find "
@@ -46,11 +49,16 @@ BEYOND_HINT = (
 
 
 def not_replayed(rejects: DataFrame, fact: DataFrame) -> DataFrame:
-    """Rejects whose lineage the fact table does not hold: a reject it holds was replayed
-    (`lakehouse replay-rejects`), and its offset is accounted for by the fact row."""
-    return rejects.join(
-        fact.select("kafka_partition", "kafka_offset"), ["kafka_partition", "kafka_offset"], "left_anti"
+    """Rejects the fact table does not hold as replayed: a fact row with a reject's lineage that was
+    ingested after it is its replay (`lakehouse replay-rejects`), and its offset is accounted for
+    by that row. One ingested with it or before (one record written to both tables) is not."""
+    r, f = rejects.alias("r"), fact.alias("f")
+    replayed = (
+        (F.col("r.kafka_partition") == F.col("f.kafka_partition"))
+        & (F.col("r.kafka_offset") == F.col("f.kafka_offset"))
+        & (F.col("f.ingested_at") > F.col("r.ingested_at"))
     )
+    return r.join(f.select("kafka_partition", "kafka_offset", "ingested_at"), replayed, "left_anti")
 
 
 def lineage(fact: DataFrame, rejects: DataFrame | None) -> DataFrame:
@@ -136,8 +144,10 @@ def check_clicks(
     rejects_stored: Offsets,
     earliest: Offsets,
     table: str,
+    accepted: dict[int, list[tuple[int, int]]] | None = None,
 ) -> CheckResult:
-    """Compare the two tables' lineage with the offsets the ingest stored and the topic holds."""
+    """Compare the two tables' lineage with the offsets the ingest stored and the topic holds.
+    `accepted`: ranges recorded as lost for good (`lost_ranges`), noted rather than found."""
     result = CheckResult("kafka -> clicks", table)
     if rejects is None:  # no rejects table (none ever committed): the fact table's offsets bound it
         rejects_stored = fact_stored
@@ -156,6 +166,11 @@ def check_clicks(
     finally:
         rows.unpersist()
     gone, readable = split_at(missing, held)
+    gone, known = without(gone, accepted or {})
+    for p, first, last in known:
+        result.notes.append(
+            f"partition {p}: offsets {first}-{last} recorded as lost ({LOST_PROPERTY}); not counted"
+        )
     result.compared = sum(max(0, high[p] - start[p]) for p in partitions)
     for kind, ranges, hint in (
         ("missing offsets no longer in the topic", gone, LOST_PAST_RETENTION_HINT),
@@ -193,3 +208,40 @@ def split_at(ranges: list[tuple[int, int, int]], at: Offsets) -> tuple[list, lis
         if last >= at[p]:
             above.append((p, max(first, at[p]), last))
     return below, above
+
+
+def without(ranges: list[tuple[int, int, int]], accepted: dict[int, list[tuple[int, int]]]):
+    """(the parts of `ranges` outside `accepted`, the parts inside), as (partition, first, last)."""
+    outside, inside = [], []
+    for p, first, last in ranges:
+        pieces = [(first, last)]
+        for low, high in sorted(accepted.get(p, [])):
+            kept = []
+            for a, b in pieces:
+                if b < low or a > high:
+                    kept.append((a, b))
+                    continue
+                inside.append((p, max(a, low), min(b, high)))
+                kept += [(a, low - 1)] if a < low else []
+                kept += [(high + 1, b)] if b > high else []
+            pieces = kept
+        outside += [(p, a, b) for a, b in pieces]
+    return sorted(outside), sorted(inside)
+
+
+def lost_ranges(properties: dict[str, str], topic: str) -> dict[int, list[tuple[int, int]]]:
+    """`{partition: [(first, last), …]}` from the table properties `lakehouse.kafka.lost.<topic>.<p>`
+    = `first-last[,first-last…]`; a malformed value raises ValueError naming the property."""
+    prefix = f"{LOST_PROPERTY}.{topic}."
+    found: dict[int, list[tuple[int, int]]] = {}
+    for key, value in properties.items():
+        if not key.startswith(prefix):
+            continue
+        try:
+            partition = int(key.removeprefix(prefix))
+            for part in value.split(","):
+                first, _, last = part.strip().partition("-")
+                found.setdefault(partition, []).append((int(first), int(last or first)))
+        except ValueError:
+            raise ValueError(f"table property {key}={value!r}: expected <first>-<last>[,…]") from None
+    return found

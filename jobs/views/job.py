@@ -54,7 +54,7 @@ from jobs.common.snapshot_progress import (
     find_commit,
     main_snapshot,
     progress_as_of,
-    read_progress,
+    progress_summary_as_of,
     retry_commit,
     writer_options,
 )
@@ -258,8 +258,10 @@ class ProductViews(StreamingJob):
 
     def prepare(self) -> None:
         self.spark.sql(views_table_ddl(self.settings.views_table))
-        self.topic, self.watermark = self._stored_watermark()
-        counted = read_progress(self.spark, self.settings.views_table, COUNTED_SNAPSHOT_KEY)
+        stored = progress_summary_as_of(self.spark, self.settings.views_table, None, PROGRESS_KEY) or {}
+        self.topic, self.watermark = watermark_from_summary(stored.get(PROGRESS_KEY))
+        # From the commit that holds the watermark: a views job of an earlier release stores none.
+        counted = stored.get(COUNTED_SNAPSHOT_KEY)
         self.counted_snapshot = int(counted) if counted else None
         self._rows = None
         log.info("resuming %s from %s offsets %s", self.settings.views_table, self.topic, self.watermark)
@@ -272,9 +274,6 @@ class ProductViews(StreamingJob):
 
     def lag_seconds(self) -> float | None:
         return self.last_lag_seconds
-
-    def _stored_watermark(self) -> tuple[str, Watermark]:
-        return watermark_from_summary(read_progress(self.spark, self.settings.views_table, PROGRESS_KEY))
 
     def _clicks_snapshot(self) -> int | None:
         return main_snapshot(self.spark, self.settings.clicks_table)
