@@ -365,7 +365,7 @@ def test_kill_9_three_times_then_a_clean_run_loses_and_doubles_nothing(stack, la
     progress that code stored (offsets, binlog positions, the views' watermark) and is killed at a
     commit, mid-run and during startup."""
     producer = subprocess.Popen(
-        [sys.executable, "-m", "jobs.gendata", "--count", "40000", "--rate", "2000", "--no-progress",
+        [sys.executable, "-m", "jobs.gendata", "--count", "24000", "--rate", "2000", "--no-progress",
          "--bad-ratio", "0.02"],
         cwd=REPO, env=stack.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

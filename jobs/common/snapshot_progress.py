@@ -151,12 +151,17 @@ REBASES = 20  # commits of other jobs one exclusive append may validate past bef
 
 
 def adds_no_data(summary: Mapping[str, str]) -> bool:
-    """A snapshot that adds no data file (compaction's rewrite, a delete, a metadata-only commit)."""
+    """A snapshot that adds no data file (a delete, a metadata-only commit)."""
     return summary.get("added-data-files", "0") == "0" and summary.get("added-delete-files", "0") == "0"
 
 
 def exclusive_append_past(
-    spark, table: str, write: Callable[[dict[str, str]], None], options: dict[str, str], passable
+    spark,
+    table: str,
+    write: Callable[[dict[str, str]], None],
+    options: dict[str, str],
+    passable,
+    rebases: int = REBASES,
 ) -> bool:
     """`write(options)`, an exclusive append (`exclusive_append_options` in `options`). When it
     loses because others appended since the snapshot it validates from, and `passable(summary)` holds
@@ -164,7 +169,7 @@ def exclusive_append_past(
     rows cannot overlap this one's (a replay of rejects below an ingest's offsets). Returns False,
     having written nothing, when a snapshot that is not passable is among them (the caller stops,
     or plans again)."""
-    for _ in range(REBASES):
+    for _ in range(rebases):
         try:
             write(options)
             return True
@@ -177,18 +182,19 @@ def exclusive_append_past(
                 return False
             log.info("%s: validating past appends that cannot overlap this one's", table)
             options.update(exclusive_append_options(rebased))
-    raise RuntimeError(f"{table}: other jobs kept appending; {REBASES} attempts lost the race")
+    raise RuntimeError(f"{table}: other jobs kept appending; {rebases} attempts lost the race")
 
 
 def _newest_if_all(spark, table: str, since: int | None, passable) -> int | None:
     """The current snapshot's id if every snapshot after `since` (None: since the table began) along
-    the current ancestry is `passable(summary)`, else None."""
+    the current ancestry is a rewrite (compaction: the same rows, which Iceberg's own validation
+    ignores) or `passable(summary)`, else None."""
     current = None
     for snapshot in _ancestors(spark, table, max_depth=1000):
         current = snapshot.snapshotId() if current is None else current
         if snapshot.snapshotId() == since:
             return current
-        if not passable(dict(snapshot.summary())):
+        if snapshot.operation() != "replace" and not passable(dict(snapshot.summary())):
             return None
     return current if since is None else None
 

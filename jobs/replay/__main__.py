@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -22,7 +21,7 @@ from jobs.common.job_args import (
 )
 from jobs.common.lake_tables import FACT_TABLE, PRODUCTS_TABLE, REJECTS_TABLE, VIEWS_TABLE
 from jobs.config import ConfigError
-from jobs.replay.job import ReplayResult, ReplaySettings, replay_rejects
+from jobs.replay.job import ReplayResult, ReplaySettings, by_kind, replay_rejects
 
 
 def since_time(value: str) -> datetime:
@@ -64,11 +63,7 @@ def print_result(result: ReplayResult, dry_run: bool) -> None:
         return
     verb = "would replay" if dry_run else "replayed"
     # A reason's kind and field only: an `unconvertible` reason's detail can quote the value.
-    considered, passing = Counter(), Counter()
-    for reason, count in result.considered.items():
-        considered[": ".join(reason.split(": ")[:2])] += count
-    for reason, count in result.passing.items():
-        passing[": ".join(reason.split(": ")[:2])] += count
+    considered, passing = by_kind(result.considered), by_kind(result.passing)
     for reason in sorted(considered):
         print(f"replay: {reason}: {considered[reason]} not replayed before, {passing[reason]} pass now")
     where = f" (snapshot {result.snapshot_id})" if result.snapshot_id else ""

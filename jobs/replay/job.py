@@ -13,8 +13,9 @@ rows to the fact table in one commit:
 - **Exactly once under kill -9.** One commit: killed before it nothing landed, after it every
   record did; a run again finds them in the fact table and replays nothing twice. Two replays at once:
   the second one's append is validated against the first's and plans again.
-- **Beside the running ingest.** Its rows are at offsets the ingest has passed; the ingest takes
-  an append without its offsets for what it is (`appended_without`) and carries on.
+- **Beside the running ingest.** Its rows are below the fact table's stored offsets, and the commit
+  says so (`below`); the ingest validates past such a commit when those bounds are below its own
+  offsets (`replayed_below`) and carries on.
 - **The record's time.** The rejects keep no Kafka timestamp, so the "at most 24 h after the record's
   time" bound of `updateTime` is taken from the reject's `ingested_at` (the ingest reads within
   seconds of the produce; a reject ingested from a backlog is bounded more loosely).
@@ -64,6 +65,7 @@ LINEAGE = ["kafka_partition", "kafka_offset"]
 # when asked for by name (`--reason update_time_out_of_range`), bounded by `ingested_at` instead.
 TIME_BOUND = RejectReason.UPDATE_TIME_OUT_OF_RANGE
 PLANS = 10  # replays that may win the race before this one gives up
+REPLAY_REBASES = 200  # ingest commits one replay commit may validate past
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,18 @@ def not_replayed(
         below = below | ((F.col("kafka_partition") == partition) & (F.col("kafka_offset") < end))
     selected = selected.where(below)
     return selected.join(facts.select(*LINEAGE), on=LINEAGE, how="left_anti").dropDuplicates(LINEAGE)
+
+
+def reason_kind(reason: str) -> str:
+    """A reject reason's kind and field (`wrong_type: uid`), without a detail that may quote a value."""
+    return ": ".join(reason.split(": ")[:2])
+
+
+def by_kind(reasons: Counter) -> Counter:
+    kinds: Counter = Counter()
+    for reason, count in reasons.items():
+        kinds[reason_kind(reason)] += count
+    return kinds
 
 
 def _payload(raw: str | None, is_base64: bool | None) -> bytes:
@@ -205,9 +219,14 @@ def replay_rejects(spark: SparkSession, settings: ReplaySettings) -> ReplayResul
         facts = spark.table(settings.fact_table)
         if base is not None:
             facts = spark.read.format("iceberg").option("snapshot-id", base).load(settings.fact_table)
-        stored = offsets_from_summary(
-            progress_as_of(spark, settings.fact_table, base, OFFSETS_KEY) if base else None, settings.topic
-        )
+        stored_value = progress_as_of(spark, settings.fact_table, base, OFFSETS_KEY) if base else None
+        stored = offsets_from_summary(stored_value, settings.topic)
+        if not stored:
+            topics = sorted(json.loads(stored_value)) if stored_value else []
+            raise ConfigError(
+                f"{settings.fact_table} stores no offsets of topic {settings.topic!r} (it holds "
+                f"{', '.join(topics) or 'none: the ingest never committed'}): pass the ingest's --topic"
+            )
         candidates = not_replayed(
             spark.table(settings.rejects_table), facts, settings.reasons, settings.since, stored
         )
@@ -229,7 +248,8 @@ def replay_rejects(spark: SparkSession, settings: ReplaySettings) -> ReplayResul
             summary = {
                 "id": uuid.uuid4().hex,
                 "records": total,
-                "reasons": dict(sorted(passing.items())),
+                # Kind and field only: an `unconvertible` reason's detail can quote the value.
+                "reasons": dict(sorted(by_kind(passing).items())),
                 # What an ingest checks before it validates past this commit (`replayed_below`).
                 "below": {str(r["kafka_partition"]): r["last"] + 1 for r in ends},
             }
@@ -254,7 +274,10 @@ def _append(spark, table: str, rows: DataFrame, base: int | None, summary: dict)
     def write(opts: dict[str, str]) -> None:
         rows.writeTo(table).options(**opts).overwrite(F.lit(False))
 
-    if not exclusive_append_past(spark, table, write, options, lambda summary: REPLAY_KEY not in summary):
+    # Every ingest commit landing while the files are written costs one attempt: allow many.
+    if not exclusive_append_past(
+        spark, table, write, options, lambda summary: REPLAY_KEY not in summary, rebases=REPLAY_REBASES
+    ):
         return None
     crash_point("replay.after-commit")
     return replay_snapshot(spark, table, summary["id"])

@@ -15,6 +15,8 @@ ingest would have to store the ranges it skipped for this check to stay exact pa
 
 from __future__ import annotations
 
+import re
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
@@ -235,13 +237,17 @@ def lost_ranges(properties: dict[str, str], topic: str) -> dict[int, list[tuple[
     prefix = f"{LOST_PROPERTY}.{topic}."
     found: dict[int, list[tuple[int, int]]] = {}
     for key, value in properties.items():
-        if not key.startswith(prefix):
+        suffix = key.removeprefix(prefix)
+        if not key.startswith(prefix) or not suffix.isdigit():  # another topic's (`clicks.v2`)
             continue
-        try:
-            partition = int(key.removeprefix(prefix))
-            for part in value.split(","):
-                first, _, last = part.strip().partition("-")
-                found.setdefault(partition, []).append((int(first), int(last or first)))
-        except ValueError:
-            raise ValueError(f"table property {key}={value!r}: expected <first>-<last>[,…]") from None
+        for part in value.split(","):
+            bounds = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+            first, last = (
+                (int(bounds.group(1)), int(bounds.group(2) or bounds.group(1))) if bounds else (1, 0)
+            )
+            if first > last:
+                raise ValueError(
+                    f"table property {key}={value!r}: expected <first>-<last>[,…], first <= last"
+                )
+            found.setdefault(int(suffix), []).append((first, last))
     return found
