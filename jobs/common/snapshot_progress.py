@@ -8,6 +8,7 @@ others (compaction, expiry, another writer) in between do not hide it.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -91,6 +92,15 @@ def find_commit(spark, table: str, commit_id: str) -> int | None:
     snapshots deep at most in practice: a compaction may have committed after it)."""
     for snapshot in _ancestors(spark, table, max_depth=200):
         if snapshot.summary().get(COMMIT_ID_KEY) == commit_id:
+            return snapshot.snapshotId()
+    return None
+
+
+def find_lineage(spark, table: str, key: str, lineage_id: str, max_depth: int = 200) -> int | None:
+    """The id of the current-ancestor snapshot whose summary[`key`] is the JSON of a commit with
+    this `id` (a replay's, a repair's), or None."""
+    for snapshot in _ancestors(spark, table, max_depth=max_depth):
+        if json.loads(snapshot.summary().get(key) or "{}").get("id") == lineage_id:
             return snapshot.snapshotId()
     return None
 

@@ -37,10 +37,11 @@ from pyspark.sql import functions as F
 
 from jobs.common import progress_keys
 from jobs.common.fault_injection import crash_point
-from jobs.common.lake_tables import OFFSETS_KEY, REPLAY_KEY, load_iceberg_table, offsets_from_summary
+from jobs.common.lake_tables import OFFSETS_KEY, REPLAY_KEY, offsets_from_summary
 from jobs.common.snapshot_progress import (
     exclusive_append_options,
     exclusive_append_past,
+    find_lineage,
     main_snapshot,
     progress_as_of,
     progress_summary_as_of,
@@ -280,15 +281,4 @@ def _append(spark, table: str, rows: DataFrame, base: int | None, summary: dict)
     ):
         return None
     crash_point("replay.after-commit")
-    return replay_snapshot(spark, table, summary["id"])
-
-
-def replay_snapshot(spark, table: str, replay_id: str) -> int | None:
-    """The snapshot of the current ancestry that the replay `replay_id` committed."""
-    snapshot = load_iceberg_table(spark, table).currentSnapshot()
-    while snapshot is not None:
-        if json.loads(snapshot.summary().get(REPLAY_KEY) or "{}").get("id") == replay_id:
-            return snapshot.snapshotId()
-        parent = snapshot.parentId()
-        snapshot = load_iceberg_table(spark, table).snapshot(parent) if parent is not None else None
-    return None
+    return find_lineage(spark, table, REPLAY_KEY, summary["id"], max_depth=1000)

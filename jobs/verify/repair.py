@@ -33,8 +33,7 @@ from pyspark.sql import functions as F
 from jobs.cdc.binlog_reader import BinlogPosition
 from jobs.cdc.position_commit import stored_position
 from jobs.cdc.source_db import SourceTable
-from jobs.common.lake_tables import load_iceberg_table
-from jobs.common.snapshot_progress import retry_commit, with_snapshot_properties
+from jobs.common.snapshot_progress import find_lineage, retry_commit, with_snapshot_properties
 from jobs.common.sql_text import identifier
 
 log = logging.getLogger("verify.repair")
@@ -129,18 +128,6 @@ def merge_statement(target: str, view: str, columns: dict[str, str], key: tuple[
     )
 
 
-def _landed(spark, target: str, repair_id: str) -> int | None:
-    snapshot = load_iceberg_table(spark, target).currentSnapshot()
-    for _ in range(200):
-        if snapshot is None:
-            return None
-        if json.loads(snapshot.summary().get(REPAIR_KEY) or "{}").get("id") == repair_id:
-            return snapshot.snapshotId()
-        parent = snapshot.parentId()
-        snapshot = load_iceberg_table(spark, target).snapshot(parent) if parent is not None else None
-    return None
-
-
 def repair_dimension(spark, plan: DimensionRepair, changed_since) -> RepairOutcome:
     """Write `plan` in one commit. `changed_since(start, end)`: the keys (as text) of the table the
     binlog changed after `start` up to `end` (verify's own binlog reader)."""
@@ -152,7 +139,7 @@ def repair_dimension(spark, plan: DimensionRepair, changed_since) -> RepairOutco
     @retry_commit()
     def attempt() -> None:
         nonlocal outcome
-        if outcome is not None and _landed(spark, plan.target, repair_id) is not None:
+        if outcome is not None and find_lineage(spark, plan.target, REPAIR_KEY, repair_id) is not None:
             return  # an attempt whose outcome was unknown did land
         cdc_at = stored_position(spark, plan.target)
         skip: set[tuple[str, ...]] = set()
@@ -187,7 +174,9 @@ def repair_dimension(spark, plan: DimensionRepair, changed_since) -> RepairOutco
 
     attempt()
     assert outcome is not None
-    landed = _landed(spark, plan.target, repair_id) if outcome.written + outcome.deleted else None
+    landed = (
+        find_lineage(spark, plan.target, REPAIR_KEY, repair_id) if outcome.written + outcome.deleted else None
+    )
     outcome = RepairOutcome(outcome.written, outcome.deleted, outcome.left_to_cdc, landed)
     log.info("%s: %s", plan.target, outcome.note())
     return outcome
