@@ -144,7 +144,7 @@ def test_keys_compare_alike_from_spark_and_from_the_binlog(spark) -> None:
     look like a mismatch."""
     from datetime import datetime
 
-    from jobs.verify.dimensions import canonical, key_columns, key_text
+    from jobs.cdc.reconcile import canonical, key_columns, key_text
 
     frame = spark.sql(
         "SELECT X'01FF' AS b, TIMESTAMP '2024-01-02 03:04:05.6' AS t, "
@@ -314,11 +314,11 @@ def test_a_repair_leaves_to_cdc_the_keys_the_binlog_changed_after_its_read(spark
     (else it would write the older row over it). Keys changed after CDC's position are asked about
     from E up to that position only, and the others are written."""
     from jobs.cdc.binlog_reader import BinlogPosition
+    from jobs.cdc.reconcile import key_columns
     from jobs.cdc.schema_mapping import SourceColumn
     from jobs.cdc.source_db import SourceTable
     from jobs.cdc.target_table import POSITION_KEY
     from jobs.common.snapshot_progress import writer_options
-    from jobs.verify.dimensions import key_columns
     from jobs.verify.repair import plan_repair, repair_dimension
 
     target = "lakehouse.verify_probe.repair_race"

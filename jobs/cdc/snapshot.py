@@ -223,6 +223,34 @@ class SnapshotResult:
 
 
 def snapshot_table(
+    spark, conn, source_schema: str, source_name: str, target: str, **options
+) -> SnapshotResult:
+    """Load the source table into `target` (`build_staging`, then `publish`); returns the position
+    stored with it (B)."""
+    built = build_staging(spark, conn, source_schema, source_name, target, **options)
+    publish(spark, built, target)
+    return built.result
+
+
+class SnapshotCancelled(RuntimeError):
+    """A snapshot built beside the stream was called off (its table changed, the job stops)."""
+
+
+@dataclass(frozen=True)
+class BuiltSnapshot:
+    """A staging table holding every source row as of `progress.position` (B), not yet published."""
+
+    staging: str
+    progress: SnapshotProgress
+    source: SourceTable
+    described_before_position: bool
+
+    @property
+    def result(self) -> SnapshotResult:
+        return SnapshotResult(self.progress.position, self.source, self.described_before_position)
+
+
+def build_staging(
     spark,
     conn,
     source_schema: str,
@@ -235,8 +263,10 @@ def snapshot_table(
     reader_connection: dict | None = None,
     metrics: MetricsSink = NO_METRICS,
     readers: int = READERS,
-) -> SnapshotResult:
-    """Load the source table into `target`; returns the position stored with it (B).
+    cancelled: threading.Event | None = None,
+    on_position=lambda position: None,
+) -> BuiltSnapshot:
+    """Read the source table into a staging table beside `target`; returns it with its position B.
 
     `binlog_alive(position)` says why the source can no longer replay from `position` (None: it can);
     an interrupted snapshot resumes only from a position the source still has. `resume=False` (a
@@ -245,7 +275,9 @@ def snapshot_table(
     `readers`: ranges of keys read side by side, when the key is one integer column
     (`source_db.split_points`) and the table has a commit's rows per range (InnoDB's estimate); a
     resumed snapshot keeps the ranges it had. `metrics` gets each commit's rows and seconds (job
-    `cdc-snapshot`): a long snapshot's rate on the dashboard, not only in the log."""
+    `cdc-snapshot`): a long snapshot's rate on the dashboard, not only in the log. `cancelled`, once
+    set, stops the copy at the next piece (`SnapshotCancelled`; the staging table stays, for the next
+    start's clean-up). `on_position(B)` is called as soon as B is known, before the copy."""
     source = source_db.describe_table(conn, source_schema, source_name)
     columns = [(c.name, c.spark_type) for c in source.columns]  # UnsupportedType before any write
     if not resume:
@@ -279,23 +311,29 @@ def snapshot_table(
         # A reader per range, and at least a commit's rows per range (a small table: one reader).
         parts = min(readers, estimate // commit_rows)
         progress = SnapshotProgress(position, key_ranges(source_db.split_points(conn, source, parts)), 0, 0)
+    on_position(progress.position)
     began = time.monotonic()
     # Reader processes start reading at once: a new staging table is created meanwhile.
     pieces = piece_frames(spark, conn, source, progress.ranges, chunk_rows, commit_rows, reader_connection)
     with contextlib.closing(pieces):
         if resumable is None:
             target_table.create_iceberg_table(spark, staging, columns, source.key)
-        progress = _copy_chunks(source, staging, progress, pieces, estimate, metrics, target)
+        progress = _copy_chunks(source, staging, progress, pieces, estimate, metrics, target, cancelled)
     # The reader process read with a connection of its own: this one sat idle for the whole copy,
     # maybe past the server's wait_timeout.
     conn.ping(reconnect=True)
-    _publish(spark, source, staging, target, progress)
     log.info(
         "snapshot %s -> %s: %s rows in %d chunks at %s (%.1f s)",
-        source.qualified, target, f"{progress.rows:,}", progress.chunks, progress.position,
+        source.qualified, staging, f"{progress.rows:,}", progress.chunks, progress.position,
         time.monotonic() - began,
     )  # fmt: skip
-    return SnapshotResult(progress.position, source, described_before_position=resumable is None)
+    return BuiltSnapshot(staging, progress, source, described_before_position=resumable is None)
+
+
+def staging_positions(spark, target: str) -> list[BinlogPosition]:
+    """The positions (B) of `target`'s interrupted snapshots: where one that is resumed reads from."""
+    found = (_stored_progress(spark, staging) for staging in staging_tables(spark, target))
+    return [progress.position for progress in found if progress is not None]
 
 
 def drop_finished_staging(spark, target: str, stored: BinlogPosition) -> None:
@@ -320,6 +358,7 @@ def _copy_chunks(
     estimated_rows: int,
     metrics: MetricsSink,
     target: str,
+    cancelled: threading.Event | None = None,
 ) -> SnapshotProgress:
     """Append the rest of the table (`pieces` of `progress.ranges`, from `piece_frames`) to
     `staging`, one commit per piece, each storing every range's last key."""
@@ -327,6 +366,8 @@ def _copy_chunks(
     began, rows_at_start = time.monotonic(), progress.rows
     waited = time.monotonic()
     for frame, piece, index in pieces:
+        if cancelled is not None and cancelled.is_set():
+            raise SnapshotCancelled(f"snapshot {source.qualified} called off after {progress.rows:,} rows")
         progress = progress.advanced(index, piece)
         appending = time.monotonic()
         _append(staging, frame, progress)
@@ -487,15 +528,18 @@ def _log_progress(
     )
 
 
-def _publish(spark, source: SourceTable, staging: str, target: str, progress: SnapshotProgress) -> None:
-    """Make the staging table's rows the target's, storing B with them; the staging table goes."""
+def publish(spark, built: BuiltSnapshot, target: str, position: BinlogPosition | None = None) -> None:
+    """Make the staging table's rows the target's, storing `position` (default B) with them; the
+    staging table goes. Readers see the old rows until the one commit that replaces them."""
+    source, staging = built.source, built.staging
+    position = position or built.progress.position
     if not target_table.table_exists(spark, target):
         # Nothing to replace: the staging table becomes the target (no copy), then stores B.
         # The new name is within the same catalog: `namespace.table` (a catalog part would be read
         # as a namespace).
         spark.sql(f"ALTER TABLE {staging} RENAME TO {target.split('.', 1)[1]}")
         crash_point("cdc.snapshot-renamed")
-        position_commit.commit_progress_only(spark, target, {POSITION_KEY: progress.position.to_json()})
+        position_commit.commit_progress_only(spark, target, {POSITION_KEY: position.to_json()})
         target_table.configure_table(spark, target, source.key, source.qualified)
         return
     replace = not schema_matches(spark, target, source)
@@ -503,7 +547,7 @@ def _publish(spark, source: SourceTable, staging: str, target: str, progress: Sn
     kept = dict(spark.sql(f"SHOW TBLPROPERTIES {target}").collect()) if replace else {}
     modes = {k: kept[k] for k in target_table.WRITE_MODE_KEYS if k in kept}
     frame = spark.table(staging)
-    options = writer_options({POSITION_KEY: progress.position.to_json()})
+    options = writer_options({POSITION_KEY: position.to_json()})
 
     @retry_commit()
     def commit() -> None:

@@ -36,6 +36,7 @@ from jobs.cdc import (
     foreign_keys,
     merge_warm_up,
     position_commit,
+    reconcile,
     schema_policy,
     snapshot,
     source_db,
@@ -44,6 +45,7 @@ from jobs.cdc import (
 from jobs.cdc.binlog_reader import BinlogPosition, BinlogReader, DdlEvent, Transaction
 from jobs.cdc.change_batch import DELETE, UPSERT, RowChange, last_change_per_key
 from jobs.cdc.position_check import position_problem
+from jobs.cdc.resync import ATTEMPTS, BesideStream, Phase, Verdict
 from jobs.cdc.schema_mapping import SourceColumn, UnsupportedType
 from jobs.cdc.table_selection import TableSelection, TableSpec, UnusableName
 from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink, guarded
@@ -51,6 +53,7 @@ from jobs.common.run_modes import RunMode, StopRequest, run_batches
 from jobs.common.snapshot_progress import (
     CONCURRENT_WRITER_EXIT,
     ConcurrentWriterError,
+    main_snapshot,
     with_snapshot_properties,
 )
 from jobs.common.sql_text import identifier
@@ -70,6 +73,10 @@ CATCH_UP_GAP_SECONDS = 0.5
 # binlog retention (24 h on RDS), and a restart re-reads at most this much of the binlog.
 PROGRESS_SECONDS = 60.0
 PROBLEM_SHOWN_SECONDS = 30.0  # a binlog reconnect this recent is still shown as the job's problem
+# The binlog reader with which a re-snapshot beside the stream checks its copy (`resync.py`) is a
+# replication client of its own: this far from the job's server id (4201 + 90 = 4291; verify's 4290).
+RESYNC_VERIFY_SERVER_ID_OFFSET = 90
+RESYNC_STOP_SECONDS = 30.0  # a stopping job waits this long for a resync's thread to call its build off
 
 
 @dataclass
@@ -91,6 +98,8 @@ class TableState:
     # Lake columns (lower case) not written (`--schema-changes ignore`: a new source column took the
     # name); kept in the table property UNSYNCED_PROPERTY across restarts.
     unsynced: frozenset[str] = frozenset()
+    # Being re-snapshotted beside the stream (`resync.py`); its changes are held for the new copy.
+    resync: BesideStream | None = None
 
     def row_for_lake(self, change: RowChange) -> RowChange:
         if not self.unsynced:
@@ -102,6 +111,12 @@ class TableState:
     def live(self) -> bool:
         """Still synced: neither stopped by an error nor dropped in the source."""
         return self.error is None and self.dropped is None
+
+    @property
+    def applies(self) -> bool:
+        """Its lake table receives the changes now (not while a copy replaces rows that are no
+        longer the source's: a replaced, created or stopped table waits for its resync)."""
+        return self.live and (self.resync is None or self.resync.applies_live)
 
     def track_source(self, columns, exact: bool) -> None:
         self.source_columns = {c.name.lower(): c for c in columns}
@@ -180,6 +195,8 @@ class CdcSync(StreamingJob):
         self.fatal: str | None = None
         self.last_report = BatchReport()
         self._is_mariadb = True
+        self._unwinding: list[BesideStream] = []  # resyncs called off, their threads ending
+        self._resync_failures: list[str] = []  # copies that never verified (the live table went on)
         for name in self.resync:
             if not self.selection.covers(name):
                 raise ConfigError(f"--resync {name}: not a synced table ({self.selection.describe()})")
@@ -210,17 +227,33 @@ class CdcSync(StreamingJob):
                     raise ConfigError(
                         f"--resync {name}: no such table in the source ({self.selection.describe()})"
                     )
+            beside: list[TableState] = []  # `--resync` of a table the lake has: beside the stream
             for spec in specs:
                 if spec.source_key not in self.tables:
-                    self.tables[spec.source_key] = self._prepare(conn, spec, is_mariadb)
-            # With a pattern the reader runs even with no table yet: one may be created.
-            now = BinlogPosition(*source_db.master_position(conn)) if self.selection.dynamic else None
+                    background = any(spec.matches(name) for name in self.resync) and self._has_position(spec)
+                    state = self.tables[spec.source_key] = self._prepare(conn, spec, is_mariadb, background)
+                    if background and state.dropped is None:
+                        beside.append(state)
+            for state in beside:
+                self._request_resync(state, "--resync", conn=conn)
+            # With a pattern the reader runs even with no table yet: one may be created. A resync's
+            # position is read after this, or is an interrupted one's the source still has.
+            now = (
+                BinlogPosition(*source_db.master_position(conn)) if self.selection.dynamic or beside else None
+            )
+            resumable = [
+                position
+                for state in beside
+                for position in snapshot.staging_positions(self.spark, state.spec.target)
+                if self._position_problem(conn, position, is_mariadb) is None
+            ]
             self._refresh_foreign_keys(conn)
         finally:
             conn.close()
         active = [t for t in self.tables.values() if t.live]
+        positions = [t.position for t in active if t.applies] + resumable + ([now] if now else [])
         if active or now is not None:
-            start = min((t.position for t in active), key=lambda p: p.order) if active else now
+            start = min(positions, key=lambda p: p.order)
             self.reader = BinlogReader(
                 source_db.connection_settings(self.config, self.credentials),
                 self.server_id,
@@ -323,14 +356,19 @@ class CdcSync(StreamingJob):
             schema, name
         )
 
+    def _has_position(self, spec: TableSpec) -> bool:
+        exists = target_table.table_exists(self.spark, spec.target)
+        return exists and position_commit.stored_position(self.spark, spec.target) is not None
+
     def _prepare(
-        self, conn: pymysql.Connection, spec: TableSpec, is_mariadb: bool, created: bool = False
+        self, conn: pymysql.Connection, spec: TableSpec, is_mariadb: bool, beside: bool = False
     ) -> TableState:
-        """Resume `spec` from its stored position, or snapshot it. `created`: the table was created
-        in the source while the job runs: it is snapshotted whatever the lake holds, and the reader
-        follows it from before the snapshot's position on."""
+        """Resume `spec` from its stored position, or snapshot it (a table never synced, or one
+        `--resync`ed that has no position). `beside`: it is re-snapshotted beside the stream after
+        this (`_request_resync`): prepared from its stored position meanwhile, and so stopped
+        (not applied to) if that cannot be."""
         stored = None
-        in_lake = not created and target_table.table_exists(self.spark, spec.target)
+        in_lake = target_table.table_exists(self.spark, spec.target)
         if in_lake:
             stored = position_commit.stored_position(self.spark, spec.target)
         wants_resync = any(spec.matches(name) for name in self.resync)
@@ -338,16 +376,21 @@ class CdcSync(StreamingJob):
             snapshot.drop_finished_staging(self.spark, spec.target, stored)
         taken = None
         dropped = target_table.source_dropped(self.spark, spec.target) if in_lake else None
-        if dropped is not None and not wants_resync and source_db.table_exists(conn, *spec.source_key):
+        if (
+            dropped is not None
+            and (beside or not wants_resync)
+            and source_db.table_exists(conn, *spec.source_key)
+        ):
             state = TableState(spec, (), [], stored or BinlogPosition("", 0), dropped=dropped)
-            self._created_again(state, f"CREATE TABLE {spec.source}, while the job was stopped")
+            if beside:  # its rows are another table's: the new copy replaces them, nothing is applied
+                state.dropped = None
+                state.error = f"{spec.target}: the source table was dropped {dropped} and created again"
+            else:
+                self._created_again(state, f"CREATE TABLE {spec.source}, while the job was stopped")
             return state
         try:
-            if created:
-                described = source_db.describe_table(conn, spec.source_schema, spec.source_name)
-                self.reader.follow(spec.source_key, described.key)
-            if stored is None or wants_resync:
-                taken = self._snapshot(conn, spec, is_mariadb, resume=not created)
+            if stored is None:
+                taken = self._snapshot(conn, spec, is_mariadb, resume=True)
                 position, source = taken.position, taken.source
             else:
                 position = stored
@@ -435,6 +478,194 @@ class CdcSync(StreamingJob):
             readers=self.snapshot_readers,
         )
 
+    # ---- re-snapshots beside the stream (resync.py) ----------------------------------------------
+
+    def _request_resync(
+        self,
+        state: TableState,
+        why: str,
+        applies_live: bool | None = None,
+        conn: pymysql.Connection | None = None,
+    ) -> None:
+        """Re-snapshot `state`'s table beside the stream; one already under way starts again.
+        `applies_live` (default: whether it applies now): the live table goes on receiving changes."""
+        spec = state.spec
+        applies_live = state.applies if applies_live is None else applies_live
+        self._call_off(state)
+        own = conn is None
+        conn = conn or self._connect()
+        try:
+            described = source_db.describe_table(conn, spec.source_schema, spec.source_name)
+            # Every DDL up to here is in the copy (its position is read later).
+            floor = BinlogPosition(*source_db.master_position(conn))
+        except (source_db.MissingTable, source_db.NoPrimaryKey) as exc:
+            self._stop_table(state, f"re-snapshot ({why}) cannot start: {exc}; {resync_hint(spec)}")
+            return
+        finally:
+            if own:
+                conn.close()
+        if not applies_live:  # the held changes are keyed as the source's table is now
+            state.key = described.key
+        if self.reader is not None:
+            self.reader.follow(spec.source_key, state.key)
+        was = state.error
+        state.error = None
+        state.resync = BesideStream(
+            self.spark,
+            spec.target,
+            why,
+            build=lambda *arguments: self._build_beside(spec, *arguments),
+            verify=self._verify_copy,
+            applies_live=applies_live,
+            floor=floor,
+            resume=why == "--resync",  # an interrupted `--resync` goes on; the reader started before it
+        )
+        log.info(
+            "%s: re-snapshot beside the stream (%s)%s; the other tables go on",
+            spec.target,
+            why,
+            "; the live table goes on receiving changes until the copy replaces it"
+            if applies_live
+            else f"; the lake table waits for the copy{f' (it was stopped: {was})' if was else ''}",
+        )
+
+    def _build_beside(self, spec: TableSpec, cancelled, on_position, resume: bool) -> snapshot.BuiltSnapshot:
+        """In the resync's thread: the staging table with the source's rows at B."""
+        conn = self._connect()
+        try:
+            return snapshot.build_staging(
+                self.spark,
+                conn,
+                spec.source_schema,
+                spec.source_name,
+                spec.target,
+                binlog_alive=lambda position: self._position_problem(conn, position, self._is_mariadb),
+                chunk_rows=self.snapshot_chunk_rows,
+                commit_rows=self.snapshot_commit_rows,
+                resume=resume,
+                reader_connection=(
+                    source_db.connection_settings(self.config, self.credentials)
+                    if self.snapshot_reader_process
+                    else None
+                ),
+                metrics=self.metrics,
+                readers=self.snapshot_readers,
+                cancelled=cancelled,
+                on_position=on_position,
+            )
+        finally:
+            conn.close()
+
+    def _verify_copy(self, beside: BesideStream) -> Verdict:
+        """In the resync's thread: the staging table against the source, as `lakehouse verify` does."""
+        staging, source = beside.built.staging, beside.built.source
+        conn = self._connect()
+        try:
+            now = source_db.describe_table(conn, source.schema, source.name)
+            if now.columns != source.columns or now.key != source.key:  # its DDL restarts the copy
+                return Verdict(0, (("columns changed since the copy's position", 1, ()),), 0)
+            with reconcile.compare(
+                self.spark, conn, staging, main_snapshot(self.spark, staging), beside.staging_position,
+                source,
+                source_db.connection_settings(self.config, self.credentials),
+                self.server_id + RESYNC_VERIFY_SERVER_ID_OFFSET, self._is_mariadb,
+            ) as comparison:  # fmt: skip
+                mismatches = tuple(
+                    (kind, len(keys), tuple("key " + ", ".join(k) for k in sorted(keys)[:3]))
+                    for kind, keys in comparison.kinds()
+                )
+                in_flight = len(comparison.differing & comparison.in_flight)
+                return Verdict(comparison.compared, mismatches, in_flight)
+        finally:
+            conn.close()
+
+    def _call_off(self, state: TableState) -> None:
+        beside, state.resync = state.resync, None
+        if beside is None:
+            return
+        beside.cancel()
+        if beside.running:
+            self._unwinding.append(beside)  # its staging table goes with the next build or start
+        elif beside.built is not None:
+            self.spark.sql(f"DROP TABLE IF EXISTS {beside.built.staging} PURGE")
+
+    @property
+    def resyncing(self) -> bool:
+        return any(t.resync is not None for t in self.tables.values())
+
+    def _advance_resyncs(self) -> None:
+        """Between two batches: move each resync on (catch up, verify, swap), start the next."""
+        self._unwinding = [b for b in self._unwinding if b.running]
+        for state in [t for t in self.tables.values() if t.resync is not None]:
+            beside = state.resync
+            if beside.phase is Phase.BUILT:
+                merged = beside.catch_up()
+                log.info(
+                    "%s: copy built (%s rows at %s, %.0f s); %d held changes merged up to %s; verifying it "
+                    "against the source",
+                    state.spec.target, f"{beside.built.progress.rows:,}", beside.position,
+                    time.monotonic() - beside.began, merged, beside.staging_position,
+                )  # fmt: skip
+                beside.start_verify()
+            elif beside.phase is Phase.VERIFIED and beside.verdict.clean:
+                beside.catch_up()
+                self._swap(state)
+            elif beside.phase is Phase.VERIFIED:
+                self._resync_again(state, f"the copy does not equal the source: {beside.verdict.describe()}")
+            elif beside.phase is Phase.FAILED:
+                self._resync_again(state, beside.error)
+        waiting = [t for t in self.tables.values() if t.resync is not None]
+        if all(t.resync.phase is Phase.QUEUED for t in waiting) and not self._unwinding:
+            queued = waiting
+            if queued:
+                first = min(queued, key=lambda t: t.resync.began)
+                log.info("%s: re-snapshot beside the stream starts (%s)", first.spec.target, first.resync.why)
+                first.resync.start()
+
+    def _resync_again(self, state: TableState, problem: str) -> None:
+        beside = state.resync
+        if beside.attempt < ATTEMPTS:
+            log.warning(
+                "%s: re-snapshot (%s), attempt %d of %d: %s; building it again",
+                state.spec.target, beside.why, beside.attempt, ATTEMPTS, problem,
+            )  # fmt: skip
+            self._call_off(state)
+            state.resync = beside.again()
+            return
+        self._call_off(state)
+        message = f"re-snapshot beside the stream ({beside.why}) failed {ATTEMPTS} times, last: {problem}"
+        if beside.applies_live and state.live:
+            self._resync_failures.append(f"{state.spec.target}: {message}; its lake table syncs as before")
+            log.error(self._resync_failures[-1])
+        else:
+            self._stop_table(state, f"{message}; {resync_hint(state.spec)}")
+
+    def _swap(self, state: TableState) -> None:
+        """The verified copy replaces the live table's rows in one commit storing its position."""
+        beside, spec = state.resync, state.spec
+        built, position = beside.built, beside.staging_position
+        if target_table.table_exists(self.spark, spec.target):
+            expected = state.position if state.position.file else None  # what this job stored last
+            stored = position_commit.stored_position(self.spark, spec.target)
+            if stored != expected:
+                raise position_commit.other_writer(spec.target, stored, expected)
+        snapshot.publish(self.spark, built, spec.target, position=position)
+        state.resync = None
+        state.key, state.position = built.source.key, position
+        state.columns = target_table.target_columns(self.spark, spec.target)
+        state.track_source(built.source.columns, exact=built.described_before_position)
+        state.unsynced = frozenset()  # the copy has every column the source has
+        target_table.clear_marks(self.spark, spec.target)
+        state.error = state.dropped = None
+        state.awaits_key = False
+        state.last_commit = time.monotonic()
+        log.info(
+            "%s: re-snapshotted beside the stream (%s): %s rows, verified against the source, swapped in "
+            "at %s after %.0f s",
+            spec.target, beside.why, f"{beside.verdict.compared:,}", position,
+            time.monotonic() - beside.began,
+        )  # fmt: skip
+
     # ---- one micro-batch ----------------------------------------------------------------------
 
     def _drain(self) -> tuple[list[Transaction], DdlEvent | None, bool]:
@@ -471,6 +702,7 @@ class CdcSync(StreamingJob):
         if self.reader.fatal is not None:
             self._fail_all(f"binlog unreadable from {self.reader.position}: {self.reader.fatal}")
             return 0
+        self._advance_resyncs()
         began = time.monotonic()
         # Read before draining: every transaction ending at or before it is then drained or applied.
         read_up_to = self.reader.position
@@ -524,7 +756,9 @@ class CdcSync(StreamingJob):
         cascaded = self._cascades(transactions, own, end) if self.foreign_keys else {}
         for source_key, state in self.tables.items():
             changes = own.get(source_key, []) + cascaded.get(source_key, [])
-            if not state.live or not changes:
+            if state.resync is not None:  # for its new copy, as the source has it (every column)
+                state.resync.hold(end, last_change_per_key(changes) if changes else [])
+            if not state.applies or not changes:
                 continue
             latest = [state.row_for_lake(change) for change in last_change_per_key(changes)]
             began = time.monotonic()
@@ -584,7 +818,7 @@ class CdcSync(StreamingJob):
             found: dict[tuple[str, str], list[RowChange]] = {}
             for fk in self.foreign_keys:
                 child = self.tables.get(fk.child)
-                if not fk.cascades or child is None or not child.live or child.position.order >= end.order:
+                if not fk.cascades or child is None or not child.applies or child.position.order >= end.order:
                     continue  # a child already past this batch (a fresh snapshot) holds the cascade
                 if upstream is None:
                     parent_changes = [c for tx in transactions if tx.end.order > child.position.order
@@ -668,7 +902,9 @@ class CdcSync(StreamingJob):
     def _commit_progress(self, position: BinlogPosition) -> None:
         """Move quiet tables' stored positions up to `position` (everything before it is applied)."""
         for state in self.tables.values():
-            if not state.live or position.order <= state.position.order:
+            if state.resync is not None:
+                state.resync.hold(position, [])  # read up to here: nothing more of it was held
+            if not state.applies or position.order <= state.position.order:
                 continue
             if time.monotonic() - state.last_commit < self.progress_seconds:
                 continue
@@ -696,6 +932,12 @@ class CdcSync(StreamingJob):
             if state is not None and state.dropped and ddl.change.created:
                 self._created_again(state, statement)
                 continue
+            if state is not None and state.resync is not None:
+                if not state.resync.changed_after(ddl.end):
+                    self._wait_for_copy(state, f"`{statement}`, from before the copy's position")
+                    continue  # the copy has it
+                if not self._ddl_beside(state, ddl, statement):
+                    continue
             if state is None or not state.live or ddl.end.order <= state.position.order:
                 continue
             if (
@@ -724,6 +966,25 @@ class CdcSync(StreamingJob):
         for schema, name in ddl.created:
             self._follow_created_table(schema, name, statement)
 
+    def _ddl_beside(self, state: TableState, ddl: DdlEvent, statement: str) -> bool:
+        """A DDL on a table being re-snapshotted, after the copy's position (its columns are B's): the
+        copy starts again (a DROP ends it). Returns whether the live table takes the DDL too."""
+        beside = state.resync
+        self._call_off(state)
+        if ddl.change.reason != "DROP":
+            self._request_resync(state, f"{beside.why}; again after `{statement}`", beside.applies_live)
+            return beside.applies_live
+        if beside.applies_live:
+            return True
+        if target_table.table_exists(self.spark, state.spec.target):
+            self._source_dropped(state, f"at {ddl.end}", statement)
+        else:  # created and dropped before its first copy was swapped in
+            self.reader.unfollow(state.spec.source_key)
+            del self.tables[state.spec.source_key]
+            log.warning("%s: created, then dropped (`%s`) before its snapshot; not synced", state.spec.source,
+                        statement)  # fmt: skip
+        return False
+
     def _follow_created_table(self, schema: str, name: str, statement: str) -> None:
         """A table the selection takes was created (or renamed into place, or given the primary key
         it waited for) in the source: snapshot it and follow it, between two batches of the others."""
@@ -739,16 +1000,26 @@ class CdcSync(StreamingJob):
             return
         conn = self._connect()
         try:
-            state = self._prepare(conn, spec, self._is_mariadb, created=True)
+            described = source_db.describe_table(conn, schema, name)
+            for column in described.columns:
+                column.spark_type  # noqa: B018 - raises UnsupportedType for a type with no mapping
         except source_db.MissingTable:
-            self.reader.unfollow(spec.source_key)
             log.warning("%s: created (`%s`), gone before its snapshot; not synced", spec.source, statement)
+            return
+        except source_db.NoPrimaryKey as exc:
+            state = TableState(spec, (), [], BinlogPosition("", 0), awaits_key=True)
+            self.tables[spec.source_key] = state
+            self._stop_table(state, f"cannot sync: {exc}")
+            return
+        except UnsupportedType as exc:
+            state = self.tables[spec.source_key] = TableState(spec, (), [], BinlogPosition("", 0))
+            self._stop_table(state, f"cannot sync {spec.source}: {exc}; change or drop that column")
             return
         finally:
             conn.close()
-        self.tables[spec.source_key] = state
-        if state.error is None:
-            log.info("%s: new source table %s is synced from %s on", spec.target, spec.source, state.position)
+        # Followed from now on: before the copy's position, so none of its changes after it is missed.
+        state = self.tables[spec.source_key] = TableState(spec, described.key, [], BinlogPosition("", 0))
+        self._request_resync(state, f"new source table: `{statement}`", applies_live=False)
 
     def _source_dropped(self, state: TableState, where: str, statement: str | None = None) -> None:
         """The source table is gone: the lake table keeps its rows, marked with where the DROP was
@@ -791,8 +1062,19 @@ class CdcSync(StreamingJob):
             )
 
     def _stop_table(self, state: TableState, message: str) -> None:
+        if state.resync is not None:  # a copy is on its way: the live table waits for it instead
+            self._wait_for_copy(state, message)
+            return
         state.error = f"{state.spec.target or state.spec.source}: {message}"
         log.error(state.error)
+
+    def _wait_for_copy(self, state: TableState, why: str) -> None:
+        """The live table of a table being re-snapshotted stops receiving changes (they stay held for
+        the copy, which replaces its rows): what it would have to follow, the copy already has."""
+        if state.resync.applies_live:
+            state.resync.applies_live = False
+            log.warning("%s: %s; the lake table waits for the copy re-snapshotted beside the stream",
+                        state.spec.target, why)  # fmt: skip
 
     def _evolve(self, state: TableState, ddl: DdlEvent, statement: str) -> None:
         """Column changes, per the `--schema-changes` policy (`schema_policy.py`)."""
@@ -854,42 +1136,13 @@ class CdcSync(StreamingJob):
         log.info("%s: emptied at %s, as the source was: `%s`", target, end, statement)
 
     def _replaced(self, state: TableState, statement: str) -> None:
-        """CREATE OR REPLACE: a new table under the old name, maybe with another key (or none)."""
-        conn = self._connect()
-        try:
-            source = source_db.describe_table(conn, state.spec.source_schema, state.spec.source_name)
-        except (source_db.MissingTable, source_db.NoPrimaryKey) as exc:
-            hint = resync_hint(state.spec)
-            self._stop_table(state, f"`{statement}` replaced the source table: {exc}; {hint}")
-            return
-        finally:
-            conn.close()
-        # From here on the reader keys the table's row events by its (maybe new) key, before the
-        # snapshot reads its position: every change after that position is queued with that key.
-        self.reader.follow(state.spec.source_key, source.key)
-        state.key = source.key
-        self._resnapshot(state, f"`{statement}` replaced the source table")
+        """CREATE OR REPLACE: a new table under the old name, maybe with another key (or none). The
+        reader keys its row events by the (maybe new) key from here on, before the copy reads its
+        position; the lake table keeps its rows, not applied to, until the copy replaces them."""
+        self._request_resync(state, f"`{statement}` replaced the source table", applies_live=False)
 
     def _resnapshot(self, state: TableState, why: str) -> None:
-        stored = position_commit.stored_position(self.spark, state.spec.target)
-        if stored != state.position:
-            raise position_commit.other_writer(state.spec.target, stored, state.position)
-        conn = self._connect()
-        try:
-            # Never an older interrupted snapshot: the reader has already delivered what lies between.
-            taken = self._snapshot(conn, state.spec, source_db.is_mariadb(conn), resume=False)
-            state.position = taken.position
-            state.track_source(taken.source.columns, exact=taken.described_before_position)
-        except source_db.MissingTable as exc:  # dropped meanwhile: its DROP, queued, would stop it too
-            self._stop_table(state, f"re-snapshot ({why}) failed: {exc}; {resync_hint(state.spec)}")
-            return
-        finally:
-            conn.close()
-        state.columns = target_table.target_columns(self.spark, state.spec.target)
-        state.unsynced = frozenset()  # the snapshot filled every column the source has
-        target_table.clear_marks(self.spark, state.spec.target)
-        state.last_commit = time.monotonic()
-        log.info("%s: re-snapshotted (%s)", state.spec.target, why)
+        self._request_resync(state, why)
 
     def _fail_all(self, reason: str) -> None:
         for state in self.tables.values():
@@ -901,7 +1154,7 @@ class CdcSync(StreamingJob):
 
     @property
     def errors(self) -> list[str]:
-        return [t.error for t in self.tables.values() if t.error]
+        return [t.error for t in self.tables.values() if t.error] + self._resync_failures
 
     @property
     def all_stopped(self) -> bool:
@@ -916,13 +1169,19 @@ class CdcSync(StreamingJob):
         if self.reader is None or self.all_stopped:
             return True
         position = self.reader.position
-        return self.reader.items.empty() and position.order >= target.order
+        return self.reader.items.empty() and position.order >= target.order and not self.resyncing
 
     def close(self) -> None:
         # Also after a failure: a reader left running would share the server id with a restarted
         # job's reader, and MySQL drops one of two dump threads with the same id whenever one connects.
         if self.reader is not None:
             self.reader.stop()
+        for state in self.tables.values():
+            if state.resync is not None:  # its staging table stays: a `--resync` resumes it
+                state.resync.cancel()
+                self._unwinding.append(state.resync)
+        for beside in self._unwinding:
+            beside.wait(RESYNC_STOP_SECONDS)
 
     # ---- as a streaming job (jobs/common/streaming_job.py) ----------------------------------------
 
@@ -938,6 +1197,9 @@ class CdcSync(StreamingJob):
     def finish(self) -> None:
         for error in self.errors:  # a table stopped (unsupported DDL, ...): the others went on
             log.error("cdc: %s", error)
+
+    def background_work(self) -> bool:
+        return self.resyncing
 
     def lag_seconds(self) -> float | None:
         return self.last_report.lag_seconds if self.last_report.position else None
@@ -967,7 +1229,7 @@ def run_sync(sync: CdcSync, mode: RunMode, stop: StopRequest) -> int:
                 stop.set()
             return handled
 
-        total = run_batches(batch, mode, stop)
+        total = run_batches(batch, mode, stop, upstream_done=lambda: not sync.resyncing)
         log.info("cdc stopped after %d changes", total)
     except ConcurrentWriterError as exc:
         print(f"error: {exc}", file=sys.stderr)

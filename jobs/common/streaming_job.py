@@ -29,6 +29,11 @@ class StreamingJob(Protocol):
     def lag_seconds(self) -> float | None:
         """How far the last commit is behind its source (None before the first)."""
 
+    def background_work(self) -> bool:
+        """Work going on between its batches (CDC's re-snapshot beside the stream): `--until-idle`
+        does not count the time as idle."""
+        return False
+
     def reached_end(self) -> bool:
         """`--until-idle`: its source has nothing more (only CDC knows; the others follow upstream)."""
         return False

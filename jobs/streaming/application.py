@@ -197,7 +197,10 @@ class _JobRunner:
                 self.stop.set()
             return handled
 
-        run_batches(batch, self.app.options.mode, self.stop, upstream_done=self._upstream_done)
+        def upstream_done() -> bool:  # a job's work between batches (a resync) is not idleness either
+            return self._upstream_done() and not job.background_work()
+
+        run_batches(batch, self.app.options.mode, self.stop, upstream_done=upstream_done)
         job.finish()
 
     def _failed_too_often(self, exc: BaseException) -> bool:

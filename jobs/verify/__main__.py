@@ -212,7 +212,8 @@ def verify_dimensions(
 def repaired_dimension(arguments: tuple, settings: dict, server_id: int, is_mariadb: bool) -> CheckResult:
     """Check, repair what is wrong, check again (`repair.ROUNDS` checks at most): the result of the
     last check, with what was repaired in its notes."""
-    from jobs.verify.dimensions import changed_keys, check_dimension
+    from jobs.cdc.reconcile import changed_keys
+    from jobs.verify.dimensions import check_dimension
     from jobs.verify.repair import ROUNDS, repair_dimension
 
     spark, source = arguments[0], arguments[3]

@@ -1,7 +1,7 @@
 """`lakehouse verify --repair` for the dimension tables: the differing keys only, beside the running CDC.
 
 What verify found wrong in a CDC table is a set of keys whose lake rows cannot be explained by any
-change CDC has yet to apply (`dimensions.py`: none of them changed in the binlog between the lake's
+change CDC has yet to apply (`jobs/cdc/reconcile.py`: none of them changed in the binlog between the lake's
 position P and the end E of verify's source read). For those keys the rows verify just read from
 the source (the snapshot's lock-free chunk reader, converted as the snapshot converts) are the
 source's rows as of E. The repair writes them in one commit:
@@ -32,6 +32,7 @@ from pyspark.sql import functions as F
 
 from jobs.cdc.binlog_reader import BinlogPosition
 from jobs.cdc.position_commit import stored_position
+from jobs.cdc.reconcile import canonical
 from jobs.cdc.source_db import SourceTable
 from jobs.common.snapshot_progress import find_lineage, retry_commit, with_snapshot_properties
 from jobs.common.sql_text import identifier
@@ -96,7 +97,7 @@ def plan_repair(
     source_rows = []
     for row in wanted.collect():
         text = tuple(row[width:])
-        source_rows.append((tuple(_canonical_text(v) for v in text), tuple(row[:width])))
+        source_rows.append((tuple(canonical(v) for v in text), tuple(row[:width])))
     return DimensionRepair(
         target=target,
         source=source,
@@ -107,12 +108,6 @@ def plan_repair(
         end=end,
         lake_only_columns=sorted(set(lake_columns) - {n.lower() for n in source_frame.columns}),
     )
-
-
-def _canonical_text(value) -> str:
-    from jobs.verify.dimensions import canonical
-
-    return canonical(value)
 
 
 def merge_statement(target: str, view: str, columns: dict[str, str], key: tuple[str, ...]) -> str:

@@ -1,0 +1,256 @@
+"""Re-snapshot beside the stream (jobs/cdc/resync.py): the other tables' batches go on while one
+table's copy is built, verified against the source and swapped in; compared with the source as
+multisets, under writes, with a DDL in the middle, a copy that does not verify, and a kill -9."""
+
+# ruff: noqa: F811 - the CDC fixtures (app_conn, make_sync, secrets) are imported from test_cdc_sync
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+
+from support import LAKEHOUSE_BIN
+from test_cdc_sync import (  # noqa: F401 - fixtures among them
+    COLUMNS,
+    app_conn,
+    assert_converged,
+    catch_up,
+    fresh_test_table,
+    iceberg_rows,
+    make_sync,
+    record_chunk_starts,
+    secrets,
+    seed_rows,
+)
+
+from jobs.cdc import snapshot
+from jobs.cdc.position_commit import stored_position
+from jobs.common.lake_tables import load_iceberg_table
+
+ROWS = 30_000
+
+
+def churning(local_stack, secrets, table: str, other: str):
+    """A writer changing `table` (updates, inserts, deletes of the last 100 keys only: its row count
+    stays at least ROWS - 100) and inserting into `other`, until the returned event is set."""
+    from lakehouse.local.mariadb import APP_USER
+
+    stop = threading.Event()
+
+    def churn() -> None:
+        conn = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
+        rng = random.Random(7)
+        try:
+            n = 0
+            while not stop.is_set():
+                with conn.cursor() as cur:
+                    for _ in range(10):
+                        cur.execute(f"UPDATE {table} SET qty = %s, note = %s WHERE id = %s",
+                                    (n, f"u{n}", f"k{rng.randrange(ROWS):05d}"))  # fmt: skip
+                    cur.execute(f"INSERT INTO {table} (id, name, qty, price) VALUES (%s, 'new', %s, 2)",
+                                (f"n{n:06d}", n))  # fmt: skip
+                    cur.execute(
+                        f"DELETE FROM {table} WHERE id = %s", (f"k{ROWS - 1 - rng.randrange(100):05d}",)
+                    )
+                    cur.execute(f"INSERT INTO {other} (id, name, qty, price) VALUES (%s, 'w', %s, 1)",
+                                (f"w{n:06d}", n))  # fmt: skip
+                conn.commit()
+                n += 1
+                time.sleep(0.05)
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    return stop, thread
+
+
+def run_until_swapped(sync, timeout: float = 240.0, each=lambda: None) -> None:
+    deadline = time.monotonic() + timeout
+    while sync.resyncing:
+        sync.run_batch()
+        each()
+        assert time.monotonic() < deadline, "the resync did not finish"
+        time.sleep(0.05)
+
+
+def test_a_resync_runs_beside_the_stream_and_swaps_in_a_verified_copy(
+    spark, app_conn, local_stack, secrets, make_sync, caplog
+) -> None:
+    """`--resync` of a damaged table: the other table's changes keep landing while the copy is built
+    and verified; readers never see a half-built table; the table keeps its identity and history;
+    it ends equal to the source, with every write made during the resync."""
+    big, other = "cdc_test_resync_big", "cdc_test_resync_other"
+    pairs = (fresh_test_table(spark, app_conn, big), fresh_test_table(spark, app_conn, other))
+    seed_rows(app_conn, big, ROWS)
+    seed_rows(app_conn, other, 5)
+    first = make_sync(*pairs)
+    catch_up(first)
+    first.close()
+    lake, lake_other = f"lakehouse.dim_db.{big}", f"lakehouse.dim_db.{other}"
+    # Damage behind CDC's back, as a resync repairs: two rows gone, one row wrong.
+    spark.sql(f"DELETE FROM {lake} WHERE id IN ('k00001', 'k00002')")
+    spark.sql(f"UPDATE {lake} SET qty = -1 WHERE id = 'k00003'")
+    identity = load_iceberg_table(spark, lake).uuid().toString()
+    history = spark.sql(f"SELECT snapshot_id FROM {lake}.snapshots").count()
+
+    caplog.set_level(logging.INFO, logger="cdc_sync")
+    sync = make_sync(*pairs, resync=(f"user_db.{big}",), chunk_rows=1_000, commit_rows=2_000)
+    commits: list[tuple[str, bool]] = []  # (table, whether a resync was under way)
+    sync.on_commit = lambda target, latest, at: commits.append((target, sync.resyncing))
+    counts: list[int] = []
+    stop, writer = churning(local_stack, secrets, big, other)
+    try:
+        run_until_swapped(sync, each=lambda: counts.append(spark.table(lake).count()))
+    finally:
+        stop.set()
+        writer.join()
+    catch_up(sync)
+
+    assert sync.errors == []
+    assert_converged(spark, app_conn, big)
+    assert_converged(spark, app_conn, other)
+    # The other table went on: its inserts were committed while the copy was being built.
+    during = [t for t, resyncing in commits if t == lake_other and resyncing]
+    assert len(during) >= 2, commits
+    # Readers saw the old rows (ROWS, less the 2 lost and at most 100 deleted) until the swap.
+    assert counts and min(counts) >= ROWS - 102, counts[:20]
+    assert load_iceberg_table(spark, lake).uuid().toString() == identity
+    assert spark.sql(f"SELECT snapshot_id FROM {lake}.snapshots").count() > history
+    assert snapshot.staging_tables(spark, lake) == []
+    swapped = [r.getMessage() for r in caplog.records if "re-snapshotted beside the stream" in r.getMessage()]
+    assert len(swapped) == 1 and "verified against the source" in swapped[0], swapped
+
+
+def corrupting_builds(monkeypatch, bad_builds: int) -> list[str]:
+    """The first `bad_builds` copies lose a row after they are built: what verification must catch."""
+    real = snapshot.build_staging
+    built: list[str] = []
+
+    def build(*args, **kwargs):
+        result = real(*args, **kwargs)
+        built.append(result.staging)
+        if len(built) <= bad_builds:
+            args[0].sql(f"DELETE FROM {result.staging} WHERE id = 'k00007'")
+        return result
+
+    monkeypatch.setattr(snapshot, "build_staging", build)
+    return built
+
+
+def test_a_copy_that_does_not_verify_is_built_again_and_never_swapped_in(
+    spark, app_conn, make_sync, monkeypatch, caplog
+) -> None:
+    name = "cdc_test_resync_verify"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 2_000)
+    catch_up(make_sync(pair))
+    lake = f"lakehouse.dim_db.{name}"
+    caplog.set_level(logging.INFO, logger="cdc_sync")
+
+    # The first copy is wrong: found, built again, the second one swapped in.
+    built = corrupting_builds(monkeypatch, bad_builds=1)
+    sync = make_sync(pair, resync=(f"user_db.{name}",))
+    run_until_swapped(sync)
+    assert len(built) == 2 and sync.errors == []
+    retried = [r.getMessage() for r in caplog.records if "attempt 1 of 3" in r.getMessage()]
+    assert retried and "rows the lake lacks" in retried[0] and "key k00007" in retried[0], retried
+    assert_converged(spark, app_conn, name)
+    sync.close()
+
+    # Every copy wrong: the table stays as it was, synced, and the job says so (exit 2 at its end).
+    monkeypatch.setattr("jobs.cdc.sync.ATTEMPTS", 2)
+    monkeypatch.setattr("jobs.cdc.resync.ATTEMPTS", 2)
+    built = corrupting_builds(monkeypatch, bad_builds=99)
+    sync = make_sync(pair, resync=(f"user_db.{name}",))
+    run_until_swapped(sync)
+    with app_conn.cursor() as cur:
+        cur.execute(f"UPDATE {name} SET qty = 4242 WHERE id = 'k00009'")
+    app_conn.commit()
+    catch_up(sync)
+    (error,) = sync.errors
+    assert "failed 2 times" in error and "k00007" in error and "syncs as before" in error, error
+    assert_converged(spark, app_conn, name)  # the live table kept receiving changes
+    assert snapshot.staging_tables(spark, lake) == []
+
+
+def test_a_ddl_during_the_copy_starts_it_again_with_the_new_column(
+    spark, app_conn, local_stack, secrets, make_sync, monkeypatch, caplog
+) -> None:
+    from lakehouse.local.mariadb import APP_USER
+
+    name = "cdc_test_resync_ddl"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 6_000)
+    catch_up(make_sync(pair))
+    caplog.set_level(logging.INFO, logger="cdc_sync")
+    real = snapshot.build_staging
+    altered = []
+
+    def build(*args, on_position, **kwargs):
+        def learned(position) -> None:
+            on_position(position)
+            if not altered:  # once the copy's position is read: a migration lands mid-copy
+                conn = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
+                with conn.cursor() as cur:
+                    cur.execute(f"ALTER TABLE {name} ADD COLUMN extra INT NOT NULL DEFAULT 7")
+                    cur.execute(f"UPDATE {name} SET extra = 8 WHERE id = 'k00011'")
+                conn.commit()
+                conn.close()
+                altered.append(position)
+
+        return real(*args, on_position=learned, **kwargs)
+
+    monkeypatch.setattr(snapshot, "build_staging", build)
+    sync = make_sync(pair, resync=(f"user_db.{name}",), chunk_rows=500, commit_rows=1_000)
+    run_until_swapped(sync)
+    catch_up(sync)
+    assert sync.errors == [] and altered
+    assert_converged(spark, app_conn, name, [*COLUMNS, "extra"])
+    again = [r.getMessage() for r in caplog.records if "again after `ALTER TABLE" in r.getMessage()]
+    assert again, [r.getMessage() for r in caplog.records][-10:]
+
+
+def test_kill_9_mid_resync_leaves_the_table_as_it_was_and_the_next_resync_resumes(
+    spark, app_conn, make_sync, monkeypatch
+) -> None:
+    name = "cdc_test_resync_kill"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 12_000)
+    catch_up(make_sync(pair))
+    lake = f"lakehouse.dim_db.{name}"
+    with app_conn.cursor() as cur:  # a change the killed job's copy holds, not yet the live table
+        cur.execute(f"UPDATE {name} SET qty = 4242 WHERE id = 'k00005'")
+    app_conn.commit()
+    position = stored_position(spark, lake)
+
+    job = subprocess.run(
+        [LAKEHOUSE_BIN, "run", "cdc", "--until-idle", "--table", pair, "--server-id", "5096",
+         "--resync", f"user_db.{name}", "--snapshot-chunk-rows", "1000", "--snapshot-commit-rows", "2000"],
+        env={**os.environ, "LAKEHOUSE_CRASH_AT": "cdc.snapshot-commit:3"},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert job.returncode == -signal.SIGKILL, job.stderr[-3000:]
+    [staging] = snapshot.staging_tables(spark, lake)
+    progress = snapshot.SnapshotProgress.from_json(
+        snapshot.read_progress(spark, staging, snapshot.PROGRESS_KEY)
+    )
+    assert (progress.rows, progress.chunks) == (5_000, 5)
+    # The live table is as the killed job left it: whole, every row (the copy was never swapped in).
+    live = iceberg_rows(spark, lake, COLUMNS)
+    assert sum(live.values()) == 12_000 and stored_position(spark, lake).order >= position.order
+
+    starts = record_chunk_starts(monkeypatch)
+    sync = make_sync(
+        pair, resync=(f"user_db.{name}",), chunk_rows=1_000, commit_rows=2_000, reads_in_process=True
+    )
+    run_until_swapped(sync)
+    catch_up(sync)
+    assert starts[0] == (progress.ranges[0].after, None)  # resumed after the last committed key
+    assert sync.errors == [] and snapshot.staging_tables(spark, lake) == []
+    assert_converged(spark, app_conn, name)
