@@ -4,7 +4,8 @@ source at quiet points (Hypothesis stateful testing, as SQLancer and Jepsen do f
 Four tables: a parent, a child (ON DELETE/UPDATE CASCADE), a child (ON DELETE/UPDATE SET NULL) and a
 plain one, all synced by one whole-database selection. The rules draw row changes in multi-row
 transactions, cascading parent deletes and key updates, column add/drop/rename/widen, TRUNCATE,
-primary-key changes, ALTER IGNORE … ADD UNIQUE, and a restart of the job. At each quiet point every
+primary-key changes, ALTER IGNORE … ADD UNIQUE, a restart of the job, and a restart with `--resync`
+of one table (its copy built beside the stream while the next rules write). At each quiet point every
 table is either equal to its source as a multiset (over the source's columns), or stopped with one
 line that names `--resync`. A silent difference fails, and Hypothesis shrinks the sequence to the
 shortest that still fails and prints it. `make fuzz` runs many sequences; `make test` a bounded,
@@ -162,6 +163,15 @@ def cdc_machine(spark, lake_config, connect_app, catch_up, make_sync):
             self.log.append("-- restart of the job")
             self.sync.close()
             self.sync = make_sync(next(_server_ids))
+
+        @rule(table=st.sampled_from(TABLES))
+        def resync(self, table: str) -> None:
+            """A restart with `--resync`: the copy is built beside the stream while the next rules
+            write (and alter) on; the next quiet point waits for it to be swapped in."""
+            STATEMENTS["--resync (a restart, the copy beside the stream)"] += 1
+            self.log.append(f"-- restart with --resync user_db.{table}")
+            self.sync.close()
+            self.sync = make_sync(next(_server_ids), resync=(f"user_db.{table}",))
 
         # ---- the check ------------------------------------------------------------------------
 

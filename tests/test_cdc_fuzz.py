@@ -30,10 +30,10 @@ def test_cdc_keeps_every_table_equal_to_its_source_or_says_why(spark, lake_confi
     def connect_app():
         return local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
 
-    def make_sync(server_id: int) -> CdcSync:
+    def make_sync(server_id: int, resync: tuple[str, ...] = ()) -> CdcSync:
         selection = TableSelection.from_args(lake_config, (), ("user_db.fz_*",), ())
         return CdcSync(
-            spark, lake_config, selection, server_id=server_id, snapshot_reader_process=False
+            spark, lake_config, selection, server_id=server_id, snapshot_reader_process=False, resync=resync
         ).start()
 
     machine = cdc_fuzz.cdc_machine(spark, lake_config, connect_app, catch_up, make_sync)
@@ -53,7 +53,8 @@ def test_cdc_keeps_every_table_equal_to_its_source_or_says_why(spark, lake_confi
             _min_steps=STEPS // 2,  # not only the short sequences a derandomized run starts with
         )
     finally:
-        statements = sum(n for k, n in cdc_fuzz.STATEMENTS.items() if not k.startswith(("quiet", "restart")))
+        not_statements = ("quiet", "restart", "--resync")
+        statements = sum(n for k, n in cdc_fuzz.STATEMENTS.items() if not k.startswith(not_statements))
         print(f"\ncdc fuzz: {EXAMPLES} sequences of up to {STEPS} steps, {statements} statements")
         for kind, count in sorted(cdc_fuzz.STATEMENTS.items()):
             print(f"  {count:5d}  {kind}")

@@ -24,6 +24,7 @@ from test_cdc_sync import (  # noqa: F401 - fixtures among them
     iceberg_rows,
     make_sync,
     record_chunk_starts,
+    recreate_source,
     secrets,
     seed_rows,
 )
@@ -161,6 +162,11 @@ def test_a_copy_that_does_not_verify_is_built_again_and_never_swapped_in(
     retried = [r.getMessage() for r in caplog.records if "attempt 1 of 3" in r.getMessage()]
     assert retried and "rows the lake lacks" in retried[0] and "key k00007" in retried[0], retried
     assert_converged(spark, app_conn, name)
+    # Swapped in without a copy: the table's files are the copy's, in its folder; its metadata gone.
+    files = [r.file_path for r in spark.sql(f"SELECT file_path FROM {lake}.files").collect()]
+    (folder,) = {path.split("/data/")[0].removeprefix("file:") for path in files}
+    assert built[1].split(".")[-1] in folder, (folder, built)
+    assert os.path.isdir(f"{folder}/data") and not os.path.exists(f"{folder}/metadata")
     sync.close()
 
     # Every copy wrong: the table stays as it was, synced, and the job says so (exit 2 at its end).
@@ -254,3 +260,70 @@ def test_kill_9_mid_resync_leaves_the_table_as_it_was_and_the_next_resync_resume
     assert starts[0] == (progress.ranges[0].after, None)  # resumed after the last committed key
     assert sync.errors == [] and snapshot.staging_tables(spark, lake) == []
     assert_converged(spark, app_conn, name)
+
+
+def test_the_binlog_read_of_a_comparison_ends_on_a_source_that_never_pauses(
+    spark, app_conn, local_stack, secrets, make_sync
+) -> None:
+    """`reconcile.changed_keys` (verify's and the resync's in-flight keys) reads the binlog up to
+    the end of its source read. On a source written more often than its 0.2 s idle wait it used to
+    read on forever (the resync's copy never verified; `lakehouse verify` hung on a busy source)."""
+    from jobs.cdc import source_db
+    from jobs.cdc.binlog_reader import BinlogPosition
+    from jobs.cdc.reconcile import changed_keys
+
+    name = "cdc_test_reconcile_busy"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 10)
+    sync = make_sync(pair)
+    start = sync.tables[("user_db", name)].position
+    with app_conn.cursor() as cur:
+        cur.execute(f"UPDATE {name} SET qty = 99 WHERE id IN ('k00003', 'k00004')")
+    app_conn.commit()
+    end = BinlogPosition(*source_db.master_position(sync._connect()))
+    sink = "cdc_test_reconcile_sink"
+    recreate_source(app_conn, sink)
+    stop, writer = churning(local_stack, secrets, name, sink)
+    found: list[set] = []
+    try:
+        settings = source_db.connection_settings(sync.config, sync.credentials)
+        reading = threading.Thread(
+            target=lambda: found.append(
+                changed_keys(settings, 5095, ("user_db", name), ("id",), start, end, True, timeout=60)
+            ),
+            daemon=True,
+        )
+        reading.start()
+        reading.join(45)
+        assert not reading.is_alive(), "the binlog read did not end while the source kept writing"
+    finally:
+        stop.set()
+        writer.join()
+    assert {("k00003",), ("k00004",)} <= found[0]
+
+
+def test_kill_9_after_the_swap_keeps_the_files_the_table_took_from_the_copy(
+    spark, app_conn, make_sync
+) -> None:
+    """Killed after the swap, before its staging table was dropped: the next start drops the staging
+    table, but not the data files the table took from it (a PURGE would delete the table's rows)."""
+    name = "cdc_test_resync_swap_kill"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 3_000)
+    catch_up(make_sync(pair))
+    lake = f"lakehouse.dim_db.{name}"
+    job = subprocess.run(
+        [LAKEHOUSE_BIN, "run", "cdc", "--until-idle", "--table", pair, "--server-id", "5094",
+         "--resync", f"user_db.{name}"],
+        env={**os.environ, "LAKEHOUSE_CRASH_AT": "cdc.snapshot-published"},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert job.returncode == -signal.SIGKILL, job.stderr[-3000:]
+    assert len(snapshot.staging_tables(spark, lake)) == 1  # left behind by the kill
+    with app_conn.cursor() as cur:
+        cur.execute(f"UPDATE {name} SET qty = 7 WHERE id = 'k00002'")
+    app_conn.commit()
+    sync = make_sync(pair)  # drops the finished staging table
+    catch_up(sync)
+    assert snapshot.staging_tables(spark, lake) == [] and sync.errors == []
+    assert assert_converged(spark, app_conn, name) == 3_000

@@ -177,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from jobs.common.spark_session import build_spark, stop_spark
 
-    spark = build_spark(config, "cdc_sync")
+    # FAIR: a re-snapshot beside the stream (its own pool, resync.py) never queues the batches' jobs.
+    spark = build_spark(config, "cdc_sync", {"spark.scheduler.mode": "FAIR"})
     if env_args.drop_orphaned:
         try:
             return drop_orphaned(spark, config, env_args.drop_orphaned)

@@ -165,7 +165,10 @@ class ChunkReader:
         directory: str,
         batch_rows: int = ARROW_BATCH_ROWS,
         upto: tuple | None = None,
+        niceness: int = 0,
     ) -> None:
+        """`niceness`: added to the process's (a re-snapshot beside the stream yields the CPU to the
+        stream's batches)."""
         self.directory = Path(directory) / f"cdc-snapshot-{uuid.uuid4().hex[:8]}"
         self.directory.mkdir(parents=True)
         request = {
@@ -189,6 +192,8 @@ class ChunkReader:
         except OSError:
             self.directory.rmdir()
             raise
+        if niceness:
+            os.setpriority(os.PRIO_PROCESS, self.process.pid, os.getpriority(os.PRIO_PROCESS, 0) + niceness)
         assert self.process.stdin is not None
         try:
             self.process.stdin.write(json.dumps(request))  # the password goes through a pipe, not argv

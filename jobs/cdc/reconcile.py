@@ -46,12 +46,19 @@ class CannotCompare(RuntimeError):
 
 
 def source_frame(
-    spark, conn, source: SourceTable, chunk_rows: int = CHUNK_ROWS, connection_settings: dict | None = None
+    spark,
+    conn,
+    source: SourceTable,
+    chunk_rows: int = CHUNK_ROWS,
+    connection_settings: dict | None = None,
+    niceness: int = 0,
 ) -> DataFrame:
     """Every source row, read in key order a chunk at a time (no lock, no long read view): by the
     snapshot's reader process when `connection_settings` are given (faster), else by `conn`. Every
     row is in the JVM when this returns: a position read afterwards is past all the reads."""
-    pieces = piece_frames(spark, conn, source, WHOLE_TABLE, chunk_rows, FRAME_ROWS, connection_settings)
+    pieces = piece_frames(
+        spark, conn, source, WHOLE_TABLE, chunk_rows, FRAME_ROWS, connection_settings, niceness
+    )
     with contextlib.closing(pieces):
         frames = [frame for frame, _, _ in pieces]
     if not frames:
@@ -214,9 +221,12 @@ def compare(
     connection_settings: dict,
     server_id: int,
     is_mariadb: bool,
+    niceness: int = 0,
 ) -> Iterator[Comparison]:
-    """Compare `table` as of `snapshot` (which stores `position`) with the source table `source`."""
-    src = source_frame(spark, conn, source, connection_settings=connection_settings).cache()
+    """Compare `table` as of `snapshot` (which stores `position`) with the source table `source`;
+    `niceness`: the source reader process's."""
+    src = source_frame(spark, conn, source, connection_settings=connection_settings, niceness=niceness)
+    src = src.cache()
     try:
         end = BinlogPosition(*source_db.master_position(conn))
         lake = spark.sql(f"SELECT * FROM {table} VERSION AS OF {snapshot}")

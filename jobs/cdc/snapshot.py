@@ -66,8 +66,15 @@ from jobs.cdc.target_table import POSITION_KEY, TABLE_PROPERTIES
 from jobs.common import progress_keys
 from jobs.common.arrow_frames import arrow_file_frame, arrow_frame
 from jobs.common.fault_injection import crash_point
+from jobs.common.lake_tables import load_iceberg_table
 from jobs.common.metrics import NO_METRICS, BatchMetrics, MetricsSink
-from jobs.common.snapshot_progress import read_progress, retry_commit, writer_options
+from jobs.common.snapshot_progress import (
+    COMMIT_ID_KEY,
+    find_commit,
+    read_progress,
+    retry_commit,
+    writer_options,
+)
 
 log = logging.getLogger("cdc_snapshot")
 
@@ -208,10 +215,10 @@ def _resumable(spark, target: str, source: SourceTable, binlog_alive) -> tuple[s
             candidates.append((progress.position.order, staging, progress))
         else:
             log.warning("%s: an interrupted snapshot cannot be resumed (%s); dropped", staging, problem)
-            spark.sql(f"DROP TABLE {staging} PURGE")
+            drop_staging(spark, staging, target)
     candidates.sort(key=lambda c: c[0])
     for _, older, _ in candidates[:-1]:
-        spark.sql(f"DROP TABLE {older} PURGE")
+        drop_staging(spark, older, target)
     return (candidates[-1][1], candidates[-1][2]) if candidates else None
 
 
@@ -265,6 +272,7 @@ def build_staging(
     readers: int = READERS,
     cancelled: threading.Event | None = None,
     on_position=lambda position: None,
+    niceness: int = 0,
 ) -> BuiltSnapshot:
     """Read the source table into a staging table beside `target`; returns it with its position B.
 
@@ -277,12 +285,13 @@ def build_staging(
     resumed snapshot keeps the ranges it had. `metrics` gets each commit's rows and seconds (job
     `cdc-snapshot`): a long snapshot's rate on the dashboard, not only in the log. `cancelled`, once
     set, stops the copy at the next piece (`SnapshotCancelled`; the staging table stays, for the next
-    start's clean-up). `on_position(B)` is called as soon as B is known, before the copy."""
+    start's clean-up). `on_position(B)` is called as soon as B is known, before the copy. `niceness`:
+    the reader processes'."""
     source = source_db.describe_table(conn, source_schema, source_name)
     columns = [(c.name, c.spark_type) for c in source.columns]  # UnsupportedType before any write
     if not resume:
         for stale in staging_tables(spark, target):
-            spark.sql(f"DROP TABLE {stale} PURGE")
+            drop_staging(spark, stale, target)
     resumable = _resumable(spark, target, source, binlog_alive)
     estimate = source_db.estimated_rows(conn, source)  # InnoDB's: for the ranges and the progress
     if resumable is not None:
@@ -314,7 +323,9 @@ def build_staging(
     on_position(progress.position)
     began = time.monotonic()
     # Reader processes start reading at once: a new staging table is created meanwhile.
-    pieces = piece_frames(spark, conn, source, progress.ranges, chunk_rows, commit_rows, reader_connection)
+    pieces = piece_frames(
+        spark, conn, source, progress.ranges, chunk_rows, commit_rows, reader_connection, niceness
+    )
     with contextlib.closing(pieces):
         if resumable is None:
             target_table.create_iceberg_table(spark, staging, columns, source.key)
@@ -342,7 +353,7 @@ def drop_finished_staging(spark, target: str, stored: BinlogPosition) -> None:
     for staging in staging_tables(spark, target):
         progress = _stored_progress(spark, staging)
         if progress is None or progress.position.order <= stored.order:
-            spark.sql(f"DROP TABLE {staging} PURGE")
+            drop_staging(spark, staging, target)
             log.info("%s: dropped the staging table of a finished snapshot", staging)
         else:
             log.warning(
@@ -400,13 +411,15 @@ def piece_frames(
     chunk_rows: int,
     piece_rows: int,
     reader_connection: dict | None,
+    niceness: int = 0,
 ) -> Iterator[tuple[DataFrame, Piece, int]]:
     """The rows of the key `ranges` not done, as (DataFrame, piece, index of its range): one
     DataFrame per piece of about `piece_rows` rows, each already in the JVM, a range's pieces in key
     order. With `reader_connection` (connection settings) a process per range (`chunk_reader`),
     started at once, reads and converts the next pieces while the caller uses this one, pieces
     coming as they are ready; without, `conn` reads the ranges in turn. Empty pieces are skipped.
-    Close the iterator (`contextlib.closing`): that stops the readers, also before the first piece."""
+    Close the iterator (`contextlib.closing`): that stops the readers, also before the first piece.
+    `niceness`: the reader processes' (`ChunkReader`)."""
     todo = [(index, key_range) for index, key_range in enumerate(ranges) if not key_range.done]
     if reader_connection is None:
         return _pieces_in_turn(spark, conn, source, todo, chunk_rows, piece_rows)
@@ -418,7 +431,7 @@ def piece_frames(
         for index, key_range in todo:
             reader = ChunkReader(
                 reader_connection, source, key_range.after, chunk_rows, piece_rows, temp_dir, batch_rows,
-                key_range.upto,
+                key_range.upto, niceness,
             )  # fmt: skip
             readers.append((index, reader))
         return _ReaderPieces(spark, readers, schema)
@@ -542,6 +555,11 @@ def publish(spark, built: BuiltSnapshot, target: str, position: BinlogPosition |
         position_commit.commit_progress_only(spark, target, {POSITION_KEY: position.to_json()})
         target_table.configure_table(spark, target, source.key, source.qualified)
         return
+    if _swap_files(spark, staging, target, {POSITION_KEY: position.to_json()}):
+        crash_point("cdc.snapshot-published")
+        drop_staging(spark, staging, target)  # its data files are the target's now: they stay
+        target_table.configure_table(spark, target, source.key, source.qualified)
+        return
     replace = not schema_matches(spark, target, source)
     # A replaced table keeps its write mode (target_table.write_mode: merge-on-read stays so).
     kept = dict(spark.sql(f"SHOW TBLPROPERTIES {target}").collect()) if replace else {}
@@ -564,5 +582,93 @@ def publish(spark, built: BuiltSnapshot, target: str, position: BinlogPosition |
 
     commit()
     crash_point("cdc.snapshot-published")
-    spark.sql(f"DROP TABLE IF EXISTS {staging} PURGE")
+    drop_staging(spark, staging, target)
     target_table.configure_table(spark, target, source.key, source.qualified)
+
+
+def _live_files(table, with_deletes: bool) -> list | None:
+    """The data files of `table`'s current snapshot (org.apache.iceberg.DataFile); None when one has
+    delete files and `with_deletes` is False."""
+    files, seen = [], set()
+    tasks = table.newScan().planFiles()
+    try:
+        iterator = tasks.iterator()
+        while iterator.hasNext():
+            task = iterator.next()
+            if not with_deletes and task.deletes().size():
+                return None
+            data = task.file()
+            if data.location() not in seen:
+                seen.add(data.location())
+                files.append(data)
+    finally:
+        tasks.close()
+    return files
+
+
+def drop_staging(spark, staging: str, target: str) -> None:
+    """Drop a staging table of `target`'s: with its files (PURGE), unless `target` took them in a
+    swap (`_swap_files`; a crash can leave the staging table behind): then only its metadata goes."""
+    if not target_table.table_exists(spark, staging):
+        return
+    table = load_iceberg_table(spark, staging)
+    folder = table.location().rstrip("/") + "/"
+    shared = target_table.table_exists(spark, target) and bool(
+        spark.sql(
+            f"SELECT 1 FROM {target}.all_data_files WHERE startswith(file_path, '{folder}') LIMIT 1"
+        ).collect()
+    )
+    if not shared:
+        spark.sql(f"DROP TABLE IF EXISTS {staging} PURGE")
+        return
+    spark.sql(f"DROP TABLE IF EXISTS {staging}")
+    _delete_metadata(spark, table)
+
+
+def _delete_metadata(spark, table) -> None:
+    """A dropped staging table's metadata folder (its data files are another table's now)."""
+    folder = table.location().rstrip("/") + "/metadata/"
+    prefixes = spark.sparkContext._jvm.java.lang.Class.forName(
+        "org.apache.iceberg.io.SupportsPrefixOperations"
+    )
+    try:
+        if prefixes.isInstance(table.io()):
+            table.io().deletePrefix(folder)
+    except Exception as exc:  # noqa: BLE001 - litter, not a failure: a few small files stay
+        log.warning("%s: could not delete the dropped staging table's metadata (%s)", folder, exc)
+
+
+def _swap_files(spark, staging: str, target: str, properties: dict[str, str]) -> bool:
+    """The staging table's data files replace the target's in one commit carrying `properties`: no
+    row is copied (a 1M-row table's overwrite holds the stream's batches up for seconds). Only when
+    both are unpartitioned and have the same schema, field ids included (the files are read by
+    id), and the staging table has no delete files; returns False otherwise, nothing written."""
+    source, lake = load_iceberg_table(spark, staging), load_iceberg_table(spark, target)
+    # The columns, ids, types and nullability (not the identifier fields: the target's stay its own).
+    if not (lake.schema().asStruct().equals(source.schema().asStruct()) and lake.spec().isUnpartitioned()
+            and source.spec().isUnpartitioned()):  # fmt: skip
+        return False
+    added = _live_files(source, with_deletes=False)
+    if added is None:
+        return False
+    commit_id = uuid.uuid4().hex
+    attempts = 0
+
+    @retry_commit()
+    def commit() -> None:
+        nonlocal attempts
+        if attempts and find_commit(spark, target, commit_id) is not None:
+            return  # an attempt whose outcome was unknown landed
+        attempts += 1
+        table = load_iceberg_table(spark, target)  # planned again: a compaction may have committed
+        overwrite = table.newOverwrite()
+        for data in _live_files(table, with_deletes=True):
+            overwrite = overwrite.deleteFile(data)
+        for data in added:
+            overwrite = overwrite.addFile(data)
+        for key, value in {**properties, COMMIT_ID_KEY: commit_id}.items():
+            overwrite = overwrite.set(key, value)
+        overwrite.commit()
+
+    commit()
+    return True

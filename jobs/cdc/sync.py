@@ -76,6 +76,10 @@ PROBLEM_SHOWN_SECONDS = 30.0  # a binlog reconnect this recent is still shown as
 # The binlog reader with which a re-snapshot beside the stream checks its copy (`resync.py`) is a
 # replication client of its own: this far from the job's server id (4201 + 90 = 4291; verify's 4290).
 RESYNC_VERIFY_SERVER_ID_OFFSET = 90
+# A re-snapshot beside the stream leaves the box to the batches where it can: one reader process, at
+# a lower CPU priority; its Spark jobs in a FAIR pool with no guaranteed slot.
+RESYNC_READERS = 1
+RESYNC_NICENESS = 10
 RESYNC_STOP_SECONDS = 30.0  # a stopping job waits this long for a resync's thread to call its build off
 
 
@@ -549,9 +553,10 @@ class CdcSync(StreamingJob):
                     else None
                 ),
                 metrics=self.metrics,
-                readers=self.snapshot_readers,
+                readers=RESYNC_READERS,
                 cancelled=cancelled,
                 on_position=on_position,
+                niceness=RESYNC_NICENESS,
             )
         finally:
             conn.close()
@@ -568,7 +573,7 @@ class CdcSync(StreamingJob):
                 self.spark, conn, staging, main_snapshot(self.spark, staging), beside.staging_position,
                 source,
                 source_db.connection_settings(self.config, self.credentials),
-                self.server_id + RESYNC_VERIFY_SERVER_ID_OFFSET, self._is_mariadb,
+                self.server_id + RESYNC_VERIFY_SERVER_ID_OFFSET, self._is_mariadb, RESYNC_NICENESS,
             ) as comparison:  # fmt: skip
                 mismatches = tuple(
                     (kind, len(keys), tuple("key " + ", ".join(k) for k in sorted(keys)[:3]))
@@ -587,7 +592,7 @@ class CdcSync(StreamingJob):
         if beside.running:
             self._unwinding.append(beside)  # its staging table goes with the next build or start
         elif beside.built is not None:
-            self.spark.sql(f"DROP TABLE IF EXISTS {beside.built.staging} PURGE")
+            snapshot.drop_staging(self.spark, beside.built.staging, state.spec.target)
 
     @property
     def resyncing(self) -> bool:
