@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 
+import pytest
 from support import LAKEHOUSE_BIN
 from test_cdc_sync import (  # noqa: F401 - fixtures among them
     COLUMNS,
@@ -302,11 +303,13 @@ def test_the_binlog_read_of_a_comparison_ends_on_a_source_that_never_pauses(
     assert {("k00003",), ("k00004",)} <= found[0]
 
 
+@pytest.mark.parametrize("restart", ["plain", "--resync again"])
 def test_kill_9_after_the_swap_keeps_the_files_the_table_took_from_the_copy(
-    spark, app_conn, make_sync
+    spark, app_conn, make_sync, restart
 ) -> None:
     """Killed after the swap, before its staging table was dropped: the next start drops the staging
-    table, but not the data files the table took from it (a PURGE would delete the table's rows)."""
+    table, but not the data files the table took from it (a PURGE would delete the table's rows);
+    with `--resync` again, the caught-up staging table is not resumed (it stores a position)."""
     name = "cdc_test_resync_swap_kill"
     pair = fresh_test_table(spark, app_conn, name)
     seed_rows(app_conn, name, 3_000)
@@ -323,7 +326,8 @@ def test_kill_9_after_the_swap_keeps_the_files_the_table_took_from_the_copy(
     with app_conn.cursor() as cur:
         cur.execute(f"UPDATE {name} SET qty = 7 WHERE id = 'k00002'")
     app_conn.commit()
-    sync = make_sync(pair)  # drops the finished staging table
+    again = (f"user_db.{name}",) if restart != "plain" else ()
+    sync = make_sync(pair, resync=again)  # drops the finished staging table
     catch_up(sync)
     assert snapshot.staging_tables(spark, lake) == [] and sync.errors == []
     assert assert_converged(spark, app_conn, name) == 3_000

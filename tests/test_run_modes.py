@@ -43,3 +43,21 @@ def test_stop_ends_the_loop_even_while_the_upstream_runs():
     stop = StopRequest()
     threading.Timer(0.1, stop.set).start()
     assert run_batches(lambda: 0, FAST, stop, upstream_done=lambda: False) == 0
+
+
+def test_work_between_the_batches_is_not_idleness_and_may_start_at_any_time():
+    """CDC's re-snapshot beside the stream (`busy`): --until-idle waits for it, also for one that
+    starts after the job has been idle for a while (a table created while it runs)."""
+    began = time.monotonic()
+    busy_from, busy_until = began + 0.05, began + 0.6  # starts before idle, ends well after it
+    batches: list[float] = []
+
+    def batch() -> int:
+        batches.append(time.monotonic())
+        return 0
+
+    def busy() -> bool:
+        return busy_from <= time.monotonic() < busy_until
+
+    run_batches(batch, FAST, StopRequest(), busy=busy)
+    assert batches[-1] >= busy_until, "stopped while the work between the batches went on"

@@ -80,17 +80,22 @@ class BesideStream:
         verify: Callable[[BesideStream], Verdict],
         applies_live: bool,
         floor: BinlogPosition,
+        lake_position: BinlogPosition | None,
         resume: bool = False,
         attempt: int = 1,
+        began: float | None = None,
     ) -> None:
         self.spark, self.target, self.why = spark, target, why
         self._build_fn, self._verify_fn = build, verify
         # An interrupted staging table may be resumed: only when the binlog reader started before its B.
         self.resume = resume
         self.applies_live = applies_live  # the live table goes on receiving the changes meanwhile
-        # The source's binlog end when the resync was asked for: B is at or after it, so a DDL up to
-        # it is in the copy (while B is not known yet).
+        # At or before B: the source's binlog end when the resync was asked for (or the B of the
+        # interrupted copy it resumes). A DDL up to it is in the copy; a change after it is held.
         self.floor = floor
+        # The lake table's stored position the swap expects while it is not applied to (what this
+        # job stored last; None: no table, or none stored).
+        self.lake_position = lake_position
         self.attempt = attempt
         self.phase = Phase.QUEUED
         self.position: BinlogPosition | None = None  # B, once the build knows it
@@ -99,7 +104,7 @@ class BesideStream:
         self.seen_until: BinlogPosition | None = None  # every batch up to here is held
         self.verdict: Verdict | None = None
         self.error: str | None = None
-        self.began = time.monotonic()  # requested
+        self.began = began if began is not None else time.monotonic()  # requested
         self._held: list[tuple[BinlogPosition, list[RowChange]]] = []
         self._cancelled = threading.Event()
         self._thread: threading.Thread | None = None
@@ -129,7 +134,7 @@ class BesideStream:
         """The next attempt: a copy built afresh."""
         return BesideStream(
             self.spark, self.target, self.why, self._build_fn, self._verify_fn, self.applies_live,
-            self.floor, resume=False, attempt=self.attempt + 1,
+            self.floor, self.lake_position, resume=False, attempt=self.attempt + 1, began=self.began,
         )  # fmt: skip
 
     def _build(self) -> None:
@@ -158,16 +163,22 @@ class BesideStream:
 
     # ---- the driver's side ------------------------------------------------------------------
 
+    @property
+    def held_after(self) -> BinlogPosition:
+        """A transaction ending after this has its changes held (B, or `floor` until B is known)."""
+        return self.position or self.floor
+
     def hold(self, end: BinlogPosition, changes: list[RowChange]) -> None:
-        """The table's changes in a batch ending at `end` (or none: the batch was read to `end`)."""
-        if changes and (self.position is None or end.order > self.position.order):
+        """The table's changes of the transactions after `held_after` in a batch ending at `end`
+        (or none: the batch was read to `end`)."""
+        if changes:
             self._held.append((end, changes))
         if self.seen_until is None or end.order > self.seen_until.order:
             self.seen_until = end
 
     def changed_after(self, position: BinlogPosition) -> bool:
         """A DDL at `position` is not in the copy: it is after B (after `floor` while B is not known)."""
-        return position.order > (self.position or self.floor).order
+        return position.order > self.held_after.order
 
     def catch_up(self) -> int:
         """Merge the held changes after the staging table's position into it (each key's last one)

@@ -205,6 +205,8 @@ def _resumable(spark, target: str, source: SourceTable, binlog_alive) -> tuple[s
         problem = (
             "it stored no progress"
             if progress is None
+            else "it was built and caught up already (a copy made beside the stream)"
+            if read_progress(spark, staging, POSITION_KEY) is not None
             else "the source table's columns changed since"
             if not schema_matches(spark, staging, source)
             else "an earlier version stored it, with a last key MySQL may compare out of the key's order"
@@ -586,16 +588,16 @@ def publish(spark, built: BuiltSnapshot, target: str, position: BinlogPosition |
     target_table.configure_table(spark, target, source.key, source.qualified)
 
 
-def _live_files(table, with_deletes: bool) -> list | None:
+def _live_files(table) -> list | None:
     """The data files of `table`'s current snapshot (org.apache.iceberg.DataFile); None when one has
-    delete files and `with_deletes` is False."""
+    delete files."""
     files, seen = [], set()
     tasks = table.newScan().planFiles()
     try:
         iterator = tasks.iterator()
         while iterator.hasNext():
             task = iterator.next()
-            if not with_deletes and task.deletes().size():
+            if task.deletes().size():
                 return None
             data = task.file()
             if data.location() not in seen:
@@ -648,7 +650,7 @@ def _swap_files(spark, staging: str, target: str, properties: dict[str, str]) ->
     if not (lake.schema().asStruct().equals(source.schema().asStruct()) and lake.spec().isUnpartitioned()
             and source.spec().isUnpartitioned()):  # fmt: skip
         return False
-    added = _live_files(source, with_deletes=False)
+    added = _live_files(source)
     if added is None:
         return False
     commit_id = uuid.uuid4().hex
@@ -660,10 +662,10 @@ def _swap_files(spark, staging: str, target: str, properties: dict[str, str]) ->
         if attempts and find_commit(spark, target, commit_id) is not None:
             return  # an attempt whose outcome was unknown landed
         attempts += 1
-        table = load_iceberg_table(spark, target)  # planned again: a compaction may have committed
-        overwrite = table.newOverwrite()
-        for data in _live_files(table, with_deletes=True):
-            overwrite = overwrite.deleteFile(data)
+        # Every row live at commit time goes (a compaction racing the swap included): not a list of
+        # files planned before, whose rewritten replacements would stay beside the copy.
+        everything = spark.sparkContext._jvm.org.apache.iceberg.expressions.Expressions.alwaysTrue()
+        overwrite = load_iceberg_table(spark, target).newOverwrite().overwriteByRowFilter(everything)
         for data in added:
             overwrite = overwrite.addFile(data)
         for key, value in {**properties, COMMIT_ID_KEY: commit_id}.items():

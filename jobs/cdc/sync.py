@@ -238,19 +238,22 @@ class CdcSync(StreamingJob):
                     state = self.tables[spec.source_key] = self._prepare(conn, spec, is_mariadb, background)
                     if background and state.dropped is None:
                         beside.append(state)
+            resumable = []
             for state in beside:
-                self._request_resync(state, "--resync", conn=conn)
+                # An interrupted copy the source still has the binlog for may be resumed from its B.
+                alive = [
+                    position
+                    for position in snapshot.staging_positions(self.spark, state.spec.target)
+                    if self._position_problem(conn, position, is_mariadb) is None
+                ]
+                resumable += alive
+                oldest = min(alive, key=lambda p: p.order) if alive else None
+                self._request_resync(state, "--resync", conn=conn, floor=oldest)
             # With a pattern the reader runs even with no table yet: one may be created. A resync's
             # position is read after this, or is an interrupted one's the source still has.
             now = (
                 BinlogPosition(*source_db.master_position(conn)) if self.selection.dynamic or beside else None
             )
-            resumable = [
-                position
-                for state in beside
-                for position in snapshot.staging_positions(self.spark, state.spec.target)
-                if self._position_problem(conn, position, is_mariadb) is None
-            ]
             self._refresh_foreign_keys(conn)
         finally:
             conn.close()
@@ -490,9 +493,11 @@ class CdcSync(StreamingJob):
         why: str,
         applies_live: bool | None = None,
         conn: pymysql.Connection | None = None,
+        floor: BinlogPosition | None = None,
     ) -> None:
         """Re-snapshot `state`'s table beside the stream; one already under way starts again.
-        `applies_live` (default: whether it applies now): the live table goes on receiving changes."""
+        `applies_live` (default: whether it applies now): the live table goes on receiving changes.
+        `floor`: the B of an interrupted copy it may resume (default: the source's binlog end now)."""
         spec = state.spec
         applies_live = state.applies if applies_live is None else applies_live
         self._call_off(state)
@@ -500,8 +505,8 @@ class CdcSync(StreamingJob):
         conn = conn or self._connect()
         try:
             described = source_db.describe_table(conn, spec.source_schema, spec.source_name)
-            # Every DDL up to here is in the copy (its position is read later).
-            floor = BinlogPosition(*source_db.master_position(conn))
+            # Every DDL up to here is in the copy (its position is read later, or is `floor`).
+            floor = floor or BinlogPosition(*source_db.master_position(conn))
         except (source_db.MissingTable, source_db.NoPrimaryKey) as exc:
             self._stop_table(state, f"re-snapshot ({why}) cannot start: {exc}; {resync_hint(spec)}")
             return
@@ -522,6 +527,11 @@ class CdcSync(StreamingJob):
             verify=self._verify_copy,
             applies_live=applies_live,
             floor=floor,
+            lake_position=(
+                position_commit.stored_position(self.spark, spec.target)
+                if target_table.table_exists(self.spark, spec.target)
+                else None
+            ),
             resume=why == "--resync",  # an interrupted `--resync` goes on; the reader started before it
         )
         log.info(
@@ -602,23 +612,13 @@ class CdcSync(StreamingJob):
         """Between two batches: move each resync on (catch up, verify, swap), start the next."""
         self._unwinding = [b for b in self._unwinding if b.running]
         for state in [t for t in self.tables.values() if t.resync is not None]:
-            beside = state.resync
-            if beside.phase is Phase.BUILT:
-                merged = beside.catch_up()
-                log.info(
-                    "%s: copy built (%s rows at %s, %.0f s); %d held changes merged up to %s; verifying it "
-                    "against the source",
-                    state.spec.target, f"{beside.built.progress.rows:,}", beside.position,
-                    time.monotonic() - beside.began, merged, beside.staging_position,
-                )  # fmt: skip
-                beside.start_verify()
-            elif beside.phase is Phase.VERIFIED and beside.verdict.clean:
-                beside.catch_up()
-                self._swap(state)
-            elif beside.phase is Phase.VERIFIED:
-                self._resync_again(state, f"the copy does not equal the source: {beside.verdict.describe()}")
-            elif beside.phase is Phase.FAILED:
-                self._resync_again(state, beside.error)
+            try:
+                self._step_resync(state)
+            except ConcurrentWriterError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - this table's copy fails, not the other tables
+                log.exception("%s: re-snapshot step failed", state.spec.target)
+                self._resync_again(state, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
         waiting = [t for t in self.tables.values() if t.resync is not None]
         if all(t.resync.phase is Phase.QUEUED for t in waiting) and not self._unwinding:
             queued = waiting
@@ -626,6 +626,45 @@ class CdcSync(StreamingJob):
                 first = min(queued, key=lambda t: t.resync.began)
                 log.info("%s: re-snapshot beside the stream starts (%s)", first.spec.target, first.resync.why)
                 first.resync.start()
+
+    def _step_resync(self, state: TableState) -> None:
+        beside = state.resync
+        if beside.phase is Phase.BUILT:
+            merged = beside.catch_up()
+            log.info(
+                "%s: copy built (%s rows at %s, %.0f s); %d held changes merged up to %s; verifying it "
+                "against the source",
+                state.spec.target, f"{beside.built.progress.rows:,}", beside.position,
+                time.monotonic() - beside.began, merged, beside.staging_position,
+            )  # fmt: skip
+            beside.start_verify()
+        elif beside.phase is Phase.VERIFIED and beside.verdict.clean:
+            beside.catch_up()
+            self._swap(state)
+        elif beside.phase is Phase.VERIFIED:
+            self._resync_again(state, f"the copy does not equal the source: {beside.verdict.describe()}")
+        elif beside.phase is Phase.FAILED and not self._source_exists(state):
+            self._gone_while_copied(state)
+        elif beside.phase is Phase.FAILED:
+            self._resync_again(state, beside.error)
+
+    def _source_exists(self, state: TableState) -> bool:
+        conn = self._connect()
+        try:
+            return source_db.table_exists(conn, *state.spec.source_key)
+        finally:
+            conn.close()
+
+    def _gone_while_copied(self, state: TableState) -> None:
+        """The source table went while its copy was built (a DROP the reader has yet to deliver, or
+        one from before the copy's position): as a DROP, not as a failed copy."""
+        self._call_off(state)
+        if target_table.table_exists(self.spark, state.spec.target):
+            self._source_dropped(state, "while it was re-snapshotted")
+        else:
+            self.reader.unfollow(state.spec.source_key)
+            del self.tables[state.spec.source_key]
+            log.warning("%s: created, then dropped before its snapshot; not synced", state.spec.source)
 
     def _resync_again(self, state: TableState, problem: str) -> None:
         beside = state.resync
@@ -650,7 +689,7 @@ class CdcSync(StreamingJob):
         beside, spec = state.resync, state.spec
         built, position = beside.built, beside.staging_position
         if target_table.table_exists(self.spark, spec.target):
-            expected = state.position if state.position.file else None  # what this job stored last
+            expected = state.position if state.applies else beside.lake_position  # this job's last
             stored = position_commit.stored_position(self.spark, spec.target)
             if stored != expected:
                 raise position_commit.other_writer(spec.target, stored, expected)
@@ -762,7 +801,12 @@ class CdcSync(StreamingJob):
         for source_key, state in self.tables.items():
             changes = own.get(source_key, []) + cascaded.get(source_key, [])
             if state.resync is not None:  # for its new copy, as the source has it (every column)
-                state.resync.hold(end, last_change_per_key(changes) if changes else [])
+                after = state.resync.held_after.order  # its own position, not the live table's
+                held = [
+                    c for tx in transactions if tx.end.order > after for c in tx.changes.get(source_key, ())
+                ]
+                held += cascaded.get(source_key, [])
+                state.resync.hold(end, last_change_per_key(held) if held else [])
             if not state.applies or not changes:
                 continue
             latest = [state.row_for_lake(change) for change in last_change_per_key(changes)]
@@ -823,10 +867,13 @@ class CdcSync(StreamingJob):
             found: dict[tuple[str, str], list[RowChange]] = {}
             for fk in self.foreign_keys:
                 child = self.tables.get(fk.child)
-                if not fk.cascades or child is None or not child.applies or child.position.order >= end.order:
+                if not fk.cascades or child is None or self._cascade_table(child) is None:
+                    continue
+                since = child.position if child.applies else child.resync.held_after
+                if since.order >= end.order:
                     continue  # a child already past this batch (a fresh snapshot) holds the cascade
                 if upstream is None:
-                    parent_changes = [c for tx in transactions if tx.end.order > child.position.order
+                    parent_changes = [c for tx in transactions if tx.end.order > since.order
                                       for c in tx.changes.get(fk.parent, ())]  # fmt: skip
                 else:
                     parent_changes = upstream.get(fk.parent, [])
@@ -850,6 +897,17 @@ class CdcSync(StreamingJob):
                 return cascaded
             upstream = found
         return cascaded
+
+    @staticmethod
+    def _cascade_table(child: TableState) -> str | None:
+        """Where a child's rows are, to find those its parents' changes cascaded to: its lake table,
+        or, while that waits for a copy, the built copy (held for it like its own changes). None:
+        neither (a copy still being built misses the cascade; its verification finds it)."""
+        if child.applies:
+            return child.spec.target
+        if child.live and child.resync is not None and child.resync.built is not None:
+            return child.resync.built.staging
+        return None
 
     def _children_now(
         self,
@@ -878,7 +936,7 @@ class CdcSync(StreamingJob):
                 terms = [reduce(lambda a, b: a & b, (c == F.lit(x) for c, x in zip(columns, v, strict=True)))
                          for v in chunk]  # fmt: skip
                 condition = reduce(lambda a, b: a | b, terms)
-            for row in self.spark.table(child.spec.target).where(condition).collect():
+            for row in self.spark.table(self._cascade_table(child)).where(condition).collect():
                 values = foreign_keys.as_binlog_values(row.asDict())
                 candidates[foreign_keys.key_text(values, child.key)] = values
         for change in in_batch:  # inserted or moved under an old value in this same batch
@@ -963,7 +1021,7 @@ class CdcSync(StreamingJob):
                 what = {
                     "RENAME": "the source table was renamed; the lake table stays as it was",
                 }.get(ddl.change.reason, f"unsupported DDL on {state.spec.source} (`{ddl.change.reason}`)")
-                self._stop_table(
+                self._stop_or_wait(
                     state, f"sync stopped at {ddl.end}: {what}: `{statement}`; {resync_hint(state.spec)}"
                 )
             else:
@@ -1067,17 +1125,25 @@ class CdcSync(StreamingJob):
             )
 
     def _stop_table(self, state: TableState, message: str) -> None:
-        if state.resync is not None:  # a copy is on its way: the live table waits for it instead
-            self._wait_for_copy(state, message)
-            return
+        if state.resync is not None:  # what stops the table stops its copy too: it would not cure it
+            self._call_off(state)
         state.error = f"{state.spec.target or state.spec.source}: {message}"
         log.error(state.error)
+
+    def _stop_or_wait(self, state: TableState, message: str) -> None:
+        """A DDL the live table cannot follow: it stops, unless a copy (with the source's columns
+        after the DDL: `_ddl_beside` started it again) is on its way to replace it."""
+        if state.resync is not None:
+            self._wait_for_copy(state, message)
+        else:
+            self._stop_table(state, message)
 
     def _wait_for_copy(self, state: TableState, why: str) -> None:
         """The live table of a table being re-snapshotted stops receiving changes (they stay held for
         the copy, which replaces its rows): what it would have to follow, the copy already has."""
         if state.resync.applies_live:
             state.resync.applies_live = False
+            state.resync.lake_position = state.position  # what this job stored last
             log.warning("%s: %s; the lake table waits for the copy re-snapshotted beside the stream",
                         state.spec.target, why)  # fmt: skip
 
@@ -1093,7 +1159,7 @@ class CdcSync(StreamingJob):
             exact=state.columns_exact,
         )
         if planned.stop is not None:
-            self._stop_table(
+            self._stop_or_wait(
                 state,
                 f"sync stopped at {ddl.end}: `{statement}` on {state.spec.source}: {planned.stop}; "
                 f"{resync_hint(state.spec)}",
@@ -1234,7 +1300,7 @@ def run_sync(sync: CdcSync, mode: RunMode, stop: StopRequest) -> int:
                 stop.set()
             return handled
 
-        total = run_batches(batch, mode, stop, upstream_done=lambda: not sync.resyncing)
+        total = run_batches(batch, mode, stop, busy=sync.background_work)
         log.info("cdc stopped after %d changes", total)
     except ConcurrentWriterError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -71,11 +71,13 @@ def run_batches(
     mode: RunMode,
     stop: StopRequest,
     upstream_done: Callable[[], bool] | None = None,
+    busy: Callable[[], bool] = lambda: False,
 ) -> int:
     """Call `run_batch` (returns records handled) per trigger until the mode says stop.
 
     With --until-idle and `upstream_done` (a job fed by another in the same application), idle
-    counts only from when the upstream job finished: everything it committed is then handled.
+    counts only from when the upstream job finished: everything it committed is then handled; nor
+    while `busy()` (work between the batches, CDC's re-snapshot beside the stream).
     Returns the total records handled. A batch is never interrupted: stop is checked between them.
     """
     started = time.monotonic()
@@ -89,7 +91,7 @@ def run_batches(
         handled = run_batch()
         total += handled
         now = time.monotonic()
-        if handled:
+        if handled or busy():
             last_data = now
         if stop.requested:
             break

@@ -197,10 +197,13 @@ class _JobRunner:
                 self.stop.set()
             return handled
 
-        def upstream_done() -> bool:  # a job's work between batches (a resync) is not idleness either
-            return self._upstream_done() and not job.background_work()
-
-        run_batches(batch, self.app.options.mode, self.stop, upstream_done=upstream_done)
+        run_batches(
+            batch,
+            self.app.options.mode,
+            self.stop,
+            upstream_done=self._upstream_done,
+            busy=job.background_work,
+        )
         job.finish()
 
     def _failed_too_often(self, exc: BaseException) -> bool:
