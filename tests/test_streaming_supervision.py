@@ -43,6 +43,9 @@ class ScriptedJob:
     def reached_end(self) -> bool:
         return True
 
+    def background_work(self) -> bool:
+        return False
+
     def problem(self):
         return None
 

@@ -81,6 +81,7 @@ class BesideStream:
         applies_live: bool,
         floor: BinlogPosition,
         lake_position: BinlogPosition | None,
+        hold_from: BinlogPosition | None = None,
         resume: bool = False,
         attempt: int = 1,
         began: float | None = None,
@@ -90,9 +91,12 @@ class BesideStream:
         # An interrupted staging table may be resumed: only when the binlog reader started before its B.
         self.resume = resume
         self.applies_live = applies_live  # the live table goes on receiving the changes meanwhile
-        # At or before B: the source's binlog end when the resync was asked for (or the B of the
-        # interrupted copy it resumes). A DDL up to it is in the copy; a change after it is held.
+        # The source's binlog end when the resync was asked for: a DDL up to it is in the copy (a
+        # column change makes an interrupted copy not resumable: built afresh, after it).
         self.floor = floor
+        # At or before B: `floor`, or the B of the interrupted copy it may resume. Changes after it
+        # are held until B is known.
+        self.hold_from = hold_from or floor
         # The lake table's stored position the swap expects while it is not applied to (what this
         # job stored last; None: no table, or none stored).
         self.lake_position = lake_position
@@ -135,6 +139,7 @@ class BesideStream:
         return BesideStream(
             self.spark, self.target, self.why, self._build_fn, self._verify_fn, self.applies_live,
             self.floor, self.lake_position, resume=False, attempt=self.attempt + 1, began=self.began,
+            # hold_from: the fresh copy's B is after `floor`
         )  # fmt: skip
 
     def _build(self) -> None:
@@ -165,8 +170,8 @@ class BesideStream:
 
     @property
     def held_after(self) -> BinlogPosition:
-        """A transaction ending after this has its changes held (B, or `floor` until B is known)."""
-        return self.position or self.floor
+        """A transaction ending after this has its changes held (B, or `hold_from` until B is known)."""
+        return self.position or self.hold_from
 
     def hold(self, end: BinlogPosition, changes: list[RowChange]) -> None:
         """The table's changes of the transactions after `held_after` in a batch ending at `end`
@@ -177,8 +182,16 @@ class BesideStream:
             self.seen_until = end
 
     def changed_after(self, position: BinlogPosition) -> bool:
-        """A DDL at `position` is not in the copy: it is after B (after `floor` while B is not known)."""
-        return position.order > self.held_after.order
+        """A DDL at `position` is not in the copy: after `floor` and after B."""
+        after = (
+            self.floor if self.position is None or self.position.order < self.floor.order else self.position
+        )
+        return position.order > after.order
+
+    def unmerged(self) -> list[RowChange]:
+        """The held changes the copy does not have yet (a cascade may have reached their rows)."""
+        since = self.staging_position or self.held_after
+        return [c for end, batch in self._held if end.order > since.order for c in batch]
 
     def catch_up(self) -> int:
         """Merge the held changes after the staging table's position into it (each key's last one)

@@ -345,7 +345,11 @@ def build_staging(
 
 def staging_positions(spark, target: str) -> list[BinlogPosition]:
     """The positions (B) of `target`'s interrupted snapshots: where one that is resumed reads from."""
-    found = (_stored_progress(spark, staging) for staging in staging_tables(spark, target))
+    found = (
+        _stored_progress(spark, staging)
+        for staging in staging_tables(spark, target)
+        if read_progress(spark, staging, POSITION_KEY) is None  # caught up already: not resumed
+    )
     return [progress.position for progress in found if progress is not None]
 
 

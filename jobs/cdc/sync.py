@@ -248,7 +248,7 @@ class CdcSync(StreamingJob):
                 ]
                 resumable += alive
                 oldest = min(alive, key=lambda p: p.order) if alive else None
-                self._request_resync(state, "--resync", conn=conn, floor=oldest)
+                self._request_resync(state, "--resync", conn=conn, hold_from=oldest)
             # With a pattern the reader runs even with no table yet: one may be created. A resync's
             # position is read after this, or is an interrupted one's the source still has.
             now = (
@@ -493,11 +493,11 @@ class CdcSync(StreamingJob):
         why: str,
         applies_live: bool | None = None,
         conn: pymysql.Connection | None = None,
-        floor: BinlogPosition | None = None,
+        hold_from: BinlogPosition | None = None,
     ) -> None:
         """Re-snapshot `state`'s table beside the stream; one already under way starts again.
         `applies_live` (default: whether it applies now): the live table goes on receiving changes.
-        `floor`: the B of an interrupted copy it may resume (default: the source's binlog end now)."""
+        `hold_from`: the B of an interrupted copy it may resume (default: the source's binlog end)."""
         spec = state.spec
         applies_live = state.applies if applies_live is None else applies_live
         self._call_off(state)
@@ -505,8 +505,8 @@ class CdcSync(StreamingJob):
         conn = conn or self._connect()
         try:
             described = source_db.describe_table(conn, spec.source_schema, spec.source_name)
-            # Every DDL up to here is in the copy (its position is read later, or is `floor`).
-            floor = floor or BinlogPosition(*source_db.master_position(conn))
+            # Every DDL up to here is in the copy (its position is read later).
+            floor = BinlogPosition(*source_db.master_position(conn))
         except (source_db.MissingTable, source_db.NoPrimaryKey) as exc:
             self._stop_table(state, f"re-snapshot ({why}) cannot start: {exc}; {resync_hint(spec)}")
             return
@@ -527,6 +527,7 @@ class CdcSync(StreamingJob):
             verify=self._verify_copy,
             applies_live=applies_live,
             floor=floor,
+            hold_from=hold_from,
             lake_position=(
                 position_commit.stored_position(self.spark, spec.target)
                 if target_table.table_exists(self.spark, spec.target)
@@ -602,7 +603,10 @@ class CdcSync(StreamingJob):
         if beside.running:
             self._unwinding.append(beside)  # its staging table goes with the next build or start
         elif beside.built is not None:
-            snapshot.drop_staging(self.spark, beside.built.staging, state.spec.target)
+            try:
+                snapshot.drop_staging(self.spark, beside.built.staging, state.spec.target)
+            except Exception as exc:  # noqa: BLE001 - the next start drops it
+                log.warning("%s: could not drop %s (%s)", state.spec.target, beside.built.staging, exc)
 
     @property
     def resyncing(self) -> bool:
@@ -657,8 +661,12 @@ class CdcSync(StreamingJob):
 
     def _gone_while_copied(self, state: TableState) -> None:
         """The source table went while its copy was built (a DROP the reader has yet to deliver, or
-        one from before the copy's position): as a DROP, not as a failed copy."""
+        one from before the copy's position): as a DROP, not as a failed copy. A table still applied
+        to takes its last changes, then the DROP, from the stream in binlog order."""
+        applies = state.applies
         self._call_off(state)
+        if applies:
+            return
         if target_table.table_exists(self.spark, state.spec.target):
             self._source_dropped(state, "while it was re-snapshotted")
         else:
@@ -668,6 +676,9 @@ class CdcSync(StreamingJob):
 
     def _resync_again(self, state: TableState, problem: str) -> None:
         beside = state.resync
+        if beside is None:  # called off, or swapped in, before the step failed
+            log.error("%s: %s", state.spec.target, problem)
+            return
         if beside.attempt < ATTEMPTS:
             log.warning(
                 "%s: re-snapshot (%s), attempt %d of %d: %s; building it again",
@@ -693,7 +704,13 @@ class CdcSync(StreamingJob):
             stored = position_commit.stored_position(self.spark, spec.target)
             if stored != expected:
                 raise position_commit.other_writer(spec.target, stored, expected)
-        snapshot.publish(self.spark, built, spec.target, position=position)
+        try:
+            snapshot.publish(self.spark, built, spec.target, position=position)
+        except Exception:
+            if position_commit.stored_position(self.spark, spec.target) != position:
+                raise  # not swapped in: this copy is built again
+            # Swapped in; what failed is the clean-up after (the staging table goes at the next start).
+            log.exception("%s: swapped in; the clean-up after it failed", spec.target)
         state.resync = None
         state.key, state.position = built.source.key, position
         state.columns = target_table.target_columns(self.spark, spec.target)
@@ -881,6 +898,8 @@ class CdcSync(StreamingJob):
                 if not old and not new:
                     continue
                 in_batch = own.get(fk.child, []) + cascaded.get(fk.child, [])
+                if not child.applies:  # rows held for its copy and not merged into it yet
+                    in_batch += child.resync.unmerged()
                 changes = [
                     c
                     for c in self._children_now(child, fk, old, new, in_batch)
