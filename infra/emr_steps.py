@@ -20,6 +20,9 @@ STREAMING_STEPS_FILE = "streaming-steps.json"  # the step supervisor's desired s
 # A tag on the cluster, valued with its name: the supervisor of a replacing cluster may list, cancel
 # and add steps on a cluster carrying its own name (the handover, step_supervisor/handler.py).
 SUPERVISED_CLUSTER_TAG = "lakehouse-emr-cluster"
+# The step the supervisor adds on a replaced cluster to kill its jobs' applications (the Lambda's
+# handler.py has the same name; tests/infra/test_infra_jobs.py checks they agree).
+HANDOVER_STEP = "lakehouse-handover-stop"
 
 # Long-running jobs kept alive by the step supervisor, and batch jobs run to completion (jobs/registry.py).
 STREAMING_JOBS = names(Kind.STREAMING)

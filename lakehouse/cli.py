@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.config import ConfigError, LakehouseConfig
+from lakehouse.cdk_cli import cdk_environment
 from lakehouse.local.process import StackError
 from lakehouse.local.settings import StackSettings
 from lakehouse.local.stack import LocalStack, redact_passwords
@@ -260,14 +260,6 @@ def aws_group() -> None:
     """Check and operate an AWS environment (boto3; --profile/--region as for the AWS CLI)."""
 
 
-def _cdk_environment(repo: Path, region: str) -> dict[str, str]:
-    """The environment `lakehouse aws` runs the CDK CLI in: the CLI on the Node 22 `make setup`
-    installed, cdk.json's `python3` the venv's, and the session's region."""
-    binaries = os.pathsep.join((str(repo / "node_modules" / ".bin"), str(Path(sys.executable).parent)))
-    path = f"{binaries}{os.pathsep}{os.environ.get('PATH', '')}"
-    return {**os.environ, "PATH": path, "AWS_REGION": region, "AWS_DEFAULT_REGION": region}
-
-
 def _aws_session(region: str | None, profile: str | None):
     """(boto3 session, account id), or one clear error line."""
     import boto3
@@ -367,7 +359,7 @@ def plan_upgrade(
     if not cdk.exists():
         console.print(f"[red]error:[/] the CDK CLI is not installed in {repo}: run `make setup` there")
         sys.exit(2)
-    run_cdk = upgrade_plan.cdk_runner(cdk, repo, _cdk_environment(repo, session.region_name))
+    run_cdk = upgrade_plan.cdk_runner(cdk, repo, cdk_environment(repo, session.region_name))
     try:
         if assembly is None:
             assembly = repo / "cdk.out" / env_name
@@ -433,7 +425,7 @@ def _park_command(parking: bool):
             command = [str(cdk), *args, *(["--profile", profile] if profile else [])]
             console.print(f"  $ {' '.join(command[1:])}")
             done = subprocess.run(
-                command, cwd=repo, env=_cdk_environment(repo, session.region_name), check=False
+                command, cwd=repo, env=cdk_environment(repo, session.region_name), check=False
             )
             if done.returncode:
                 raise park.ParkError(f"cdk {args[0]} failed (exit {done.returncode}): see its output above")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +22,8 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from lakehouse.cdk_cli import cdk_environment
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINES = REPO / "tests" / "infra" / "baselines"
@@ -97,12 +98,7 @@ def synthesize(tree: Path, env_name: str, out: Path) -> None:
         if (REPO / name).exists() and not (tree / name).exists():
             (tree / name).symlink_to(REPO / name)
     (tree / "cdk.context.json").unlink(missing_ok=True)
-    binaries = os.pathsep.join((str(REPO / "node_modules" / ".bin"), str(REPO / ".venv" / "bin")))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CDK_DEFAULT_")}
-    env.update(
-        PATH=f"{binaries}{os.pathsep}{os.environ.get('PATH', '')}",
-        JSII_NODE=str(REPO / "node_modules/.bin/node"),
-    )
+    env = cdk_environment(REPO, account_free=True)
     cdk = REPO / "node_modules" / ".bin" / "cdk"
     done = subprocess.run(
         [str(cdk), "synth", "-q", "-c", f"env={env_name}", "-o", str(out)],

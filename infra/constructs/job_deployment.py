@@ -44,6 +44,7 @@ from infra.constructs.pipeline_health import STEP_RESTARTS_METRIC
 from infra.emr_steps import (
     ARTIFACTS_PREFIX,
     BATCH_JOBS,
+    HANDOVER_STEP,
     STREAMING_STEPS_FILE,
     SUPERVISED_CLUSTER_TAG,
     JobArtifacts,
@@ -59,6 +60,9 @@ from infra.nag import (
     nag_rendering,
 )
 from infra.trust import service_for_this_account
+
+# The states in which a step has ended (EMR's StepStatus.State values, less the active ones).
+STEP_ENDED_STATES = ("COMPLETED", "CANCELLED", "FAILED", "INTERRUPTED")
 
 
 class JobDeployment(Construct):
@@ -345,20 +349,24 @@ class JobDeployment(Construct):
                 role=schedule_role,
             ),
         )
-        events.Rule(
-            self,
-            "StepStatusChange",
-            description="Reconcile when a step of this cluster ends",
-            event_pattern=events.EventPattern(
-                source=["aws.emr"],
-                detail_type=["EMR Step Status Change"],
-                detail={
-                    "clusterId": [cluster_id],
-                    "state": ["COMPLETED", "CANCELLED", "FAILED", "INTERRUPTED"],
-                },
-            ),
-            targets=[event_targets.LambdaFunction(function)],
-        )
+        # A step of this cluster ending; and the handover's end on a replaced cluster (another cluster
+        # id): the start waits for it, so it need not wait for the schedule too.
+        for rule_id, description, step in (
+            ("StepStatusChange", "Reconcile when a step of this cluster ends", {"clusterId": [cluster_id]}),
+            ("HandoverStepEnded", "Reconcile when a replaced cluster's handover step ends",
+             {"name": [HANDOVER_STEP]}),
+        ):  # fmt: skip
+            events.Rule(
+                self,
+                rule_id,
+                description=description,
+                event_pattern=events.EventPattern(
+                    source=["aws.emr"],
+                    detail_type=["EMR Step Status Change"],
+                    detail={**step, "state": list(STEP_ENDED_STATES)},
+                ),
+                targets=[event_targets.LambdaFunction(function)],
+            )
         # Once per deploy whose streaming steps changed (new version or arguments): replace them now.
         reconcile = triggers.Trigger(
             self,

@@ -158,6 +158,16 @@ def test_the_supervisor_runs_every_streaming_job_of_this_version(synthesized):
         "AWS::Events::Rule",
         {"EventPattern": Match.object_like({"detail-type": ["EMR Step Status Change"]})},
     )
+    # A replaced cluster's handover step ending (its own cluster id) also wakes the supervisor: the
+    # "EMR Step Status Change" event's detail names the step (`name`) and its cluster (`clusterId`),
+    # https://docs.aws.amazon.com/emr/latest/ManagementGuide/emr-manage-cloudwatch-events.html
+    from infra.emr_steps import HANDOVER_STEP
+
+    (handover,) = template.find_resources(
+        "AWS::Events::Rule", {"Properties": {"EventPattern": {"detail": {"name": [HANDOVER_STEP]}}}}
+    ).values()
+    assert "clusterId" not in handover["Properties"]["EventPattern"]["detail"]
+    assert "COMPLETED" in handover["Properties"]["EventPattern"]["detail"]["state"]
     template.resource_count_is("Custom::Trigger", 1)  # reconcile once per deploy
     assert {"StepSupervisorName", "StepSupervisorLogGroup"} <= set(synthesized.templates["Jobs"]["Outputs"])
 

@@ -851,3 +851,9 @@ def test_steps_come_from_s3_and_an_argument_change_is_a_new_version():
         (second,) = sup.settings_from_env(environ, s3).desired
     assert first.name.startswith("lakehouse-ingest@v7-") and first.args[-1] == "1"
     assert second.name != first.name and sup.STEP_NAME.match(second.name)["job"] == "ingest"
+
+
+def test_the_handover_step_is_named_as_the_rule_that_wakes_the_supervisor_expects():
+    from infra.emr_steps import HANDOVER_STEP
+
+    assert sup.HANDOVER_STEP == HANDOVER_STEP  # the Lambda is bundled alone: two copies of the name

@@ -1,8 +1,9 @@
 """Keeps each long-running streaming job running as exactly one EMR step of the desired version.
 
-Invoked by a 5-minute schedule, by "EMR Step Status Change" events of the cluster and once per
-deploy. Every invocation ignores what the event says and reconciles all jobs from the cluster's
-current state, so lost, duplicated or out-of-order events do no harm.
+Invoked by a 5-minute schedule, by "EMR Step Status Change" events of the cluster (and of the
+handover step on a replaced cluster) and once per deploy. Every invocation ignores what the event
+says and reconciles all jobs from the cluster's current state, so lost, duplicated or out-of-order
+events do no harm.
 
 `plan` decides (pure, no AWS); `reconcile` reads EMR, calls `plan` and executes its actions.
 
