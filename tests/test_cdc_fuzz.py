@@ -9,7 +9,7 @@ import cdc_fuzz
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
-from test_cdc_sync import catch_up
+from test_cdc_sync import catch_up, fresh_source_database
 
 from jobs.cdc.sync import CdcSync
 from jobs.cdc.table_selection import TableSelection
@@ -31,11 +31,12 @@ def test_cdc_keeps_every_table_equal_to_its_source_or_says_why(spark, lake_confi
         return local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
 
     def make_sync(server_id: int, resync: tuple[str, ...] = ()) -> CdcSync:
-        selection = TableSelection.from_args(lake_config, (), ("user_db.fz_*",), ())
+        selection = TableSelection.from_args(lake_config, (), (f"{cdc_fuzz.DATABASE}.*",), ())
         return CdcSync(
             spark, lake_config, selection, server_id=server_id, snapshot_reader_process=False, resync=resync
         ).start()
 
+    fresh_source_database(local_stack, cdc_fuzz.DATABASE)  # the grants outlive its DROP DATABASE
     machine = cdc_fuzz.cdc_machine(spark, lake_config, connect_app, catch_up, make_sync)
     cdc_fuzz.STATEMENTS.clear()
     cdc_fuzz.STOPPED.clear()
@@ -53,7 +54,8 @@ def test_cdc_keeps_every_table_equal_to_its_source_or_says_why(spark, lake_confi
             _min_steps=STEPS // 2,  # not only the short sequences a derandomized run starts with
         )
     finally:
-        not_statements = ("quiet", "restart", "--resync")
+        local_stack.mariadb.admin_sql(f"DROP DATABASE IF EXISTS {cdc_fuzz.DATABASE}")
+        not_statements = ("quiet", "restart", "--resync", "crash")
         statements = sum(n for k, n in cdc_fuzz.STATEMENTS.items() if not k.startswith(not_statements))
         print(f"\ncdc fuzz: {EXAMPLES} sequences of up to {STEPS} steps, {statements} statements")
         for kind, count in sorted(cdc_fuzz.STATEMENTS.items()):

@@ -137,7 +137,7 @@ def corrupting_builds(monkeypatch, bad_builds: int) -> list[str]:
         result = real(*args, **kwargs)
         built.append(result.staging)
         if len(built) <= bad_builds:
-            args[0].sql(f"DELETE FROM {result.staging} WHERE id = 'k00007'")
+            (kwargs.get("spark") or args[0]).sql(f"DELETE FROM {result.staging} WHERE id = 'k00007'")
         return result
 
     monkeypatch.setattr(snapshot, "build_staging", build)

@@ -219,3 +219,44 @@ def test_create_select_inside_its_transaction_is_queued_before_the_rows() -> Non
     assert created.created == (("user_db", "orders_copy"),)
     # Inside the transaction: after any position stored before it, before its end.
     assert BinlogPosition("mysql-bin.000001", 4).order < created.end.order < reader.position.order
+
+
+@pytest.mark.parametrize("name_case", [1, 2])
+def test_under_lower_case_table_names_a_ddl_names_the_table_in_any_letter_case(name_case: int) -> None:
+    """lower_case_table_names=1 (a common RDS parameter) or 2: `ALTER TABLE Products …` is the synced
+    `products` (MySQL reference manual, "Identifier Case Sensitivity": with 1, names are stored in
+    lowercase on disk and comparisons are not case-sensitive; with 2, stored as given and compared in
+    lowercase). Read as another table, the column change was missed silently."""
+    start = BinlogPosition("mysql-bin.000001", 4)
+    reader = BinlogReader(
+        {}, 1, start, {("user_db", "products"): ("id",)}, lower_case_table_names=name_case,
+        selects=lambda schema, name: name.lower().startswith("orders"),
+    )  # fmt: skip
+    reader._read(
+        _Events(
+            "mysql-bin.000001",
+            [
+                (100, _gtid(1, standalone=True)),
+                (200, _query("ALTER TABLE Products ADD COLUMN x INT", schema="USER_DB")),
+                (300, _gtid(2, standalone=True)),
+                (400, _query("CREATE TABLE ORDERS (id INT PRIMARY KEY)")),
+                (500, _gtid(3, standalone=True)),
+                (600, _query("DROP DATABASE User_Db")),
+            ],
+        )
+    )
+    altered, created, dropped = _queued(reader)
+    assert altered.tables == (("user_db", "products"),) and altered.change.column_changes
+    assert created.created == (("user_db", "orders" if name_case == 1 else "ORDERS"),)
+    assert dropped.tables == (("user_db", "products"),)
+
+
+def test_with_case_sensitive_names_another_letter_case_is_another_table() -> None:
+    reader = _reader(lambda schema, name: False)
+    reader._read(
+        _Events(
+            "mysql-bin.000001",
+            [(100, _gtid(1, standalone=True)), (200, _query("ALTER TABLE Products ADD COLUMN x INT"))],
+        )
+    )
+    assert _queued(reader) == []

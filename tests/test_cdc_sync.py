@@ -1069,9 +1069,9 @@ def test_create_or_replace_re_snapshots_the_table(spark, app_conn, make_sync) ->
 
 
 def test_a_renamed_or_swapped_table_stops_alone_and_the_others_go_on(spark, app_conn, make_sync) -> None:
-    """RENAME of a synced table stops it (its lake table stays); an online-schema-change swap
-    (`RENAME t TO t_old, t_new TO t`, the new t keyed otherwise) does not trip the binlog reader: a
-    bystander table keeps syncing and converges."""
+    """RENAME of a synced table marks it dropped (its lake table stays); an online-schema-change swap
+    (`RENAME t TO t_old, t_new TO t`, the new t keyed otherwise) stops it as created again, and does
+    not trip the binlog reader: a bystander table keeps syncing and converges."""
     name, bystander = "cdc_test_renamed", "cdc_test_bystander"
     pair, other = fresh_test_table(spark, app_conn, name), fresh_test_table(spark, app_conn, bystander)
     seed_rows(app_conn, name, 30)
@@ -1089,7 +1089,8 @@ def test_a_renamed_or_swapped_table_stops_alone_and_the_others_go_on(spark, app_
     random_workload(app_conn, bystander, 40, seed=12, keys=30)
     catch_up(sync)
     (error,) = sync.errors
-    assert error.startswith(f"lakehouse.dim_db.{name}:") and "the source table was renamed" in error
+    assert error.startswith(f"lakehouse.dim_db.{name}:") and "was created again" in error
+    assert "(renamed away)" in error and f"--resync user_db.{name}`" in error
     assert sync.reader.fatal is None
     assert_converged(spark, app_conn, bystander)
     with app_conn.cursor() as cur:
@@ -1478,18 +1479,28 @@ def test_a_table_dropped_while_cdc_was_stopped_is_kept_marked_and_the_others_go_
     spark, app_conn, make_sync
 ) -> None:
     """Whole-database sync: the source lists only the tables there now, so a table dropped while the
-    job was down used to vanish from the sync without a word, then stop every start with an error."""
+    job was down used to vanish from the sync without a word, then stop every start with an error;
+    then it was marked dropped as of its stored position, without the changes the source made to it
+    after that and before the DROP (found by the CDC fuzzer): they are applied up to the DROP."""
     from jobs.cdc.target_table import source_dropped
 
     p = "cdc_gone"
-    names = [f"{p}_kept", f"{p}_dropped", f"{p}_other"]
+    names = [f"{p}_kept", f"{p}_dropped", f"{p}_stops", f"{p}_other"]
     _drop_tables(app_conn, spark, names)
-    for name in names[:2]:
+    for name in names[:3]:
         recreate_source(app_conn, name)
         seed_rows(app_conn, name, 20)
     make_sync(include=(f"user_db.{p}_*",)).close()
     # A lake table of the same namespace that this selection never synced stays out of it.
     spark.sql(f"CREATE TABLE lakehouse.dim_db.{p}_other (id STRING) USING iceberg")
+    with app_conn.cursor() as cur:  # while the job is down, before the DROP
+        cur.execute(f"UPDATE {p}_dropped SET qty = qty + 100 WHERE qty < 5")
+        cur.execute(f"DELETE FROM {p}_dropped WHERE qty > 15")
+        cur.execute(f"INSERT INTO {p}_dropped (id, name, qty, price) VALUES ('late', 'late', 1, 1)")
+        # a statement that stops a table's sync, then its DROP: no source to --resync from
+        cur.execute(f"ALTER IGNORE TABLE {p}_stops ADD UNIQUE (name)")
+        cur.execute(f"DROP TABLE {p}_stops")
+    app_conn.commit()
     before_drop = mysql_rows(app_conn, f"user_db.{p}_dropped", COLUMNS)
     with app_conn.cursor() as cur:
         cur.execute(f"DROP TABLE {p}_dropped")
@@ -1499,8 +1510,11 @@ def test_a_table_dropped_while_cdc_was_stopped_is_kept_marked_and_the_others_go_
     sync = make_sync(include=(f"user_db.{p}_*",))
     assert sync.errors == []
     lake = f"lakehouse.dim_db.{p}_dropped"
-    assert source_dropped(spark, lake).endswith("(while the job was stopped)")
     catch_up(sync)
+    assert sync.errors == []
+    assert source_dropped(spark, lake).startswith("at ")  # where the binlog's DROP is
+    stopped = source_dropped(spark, f"lakehouse.dim_db.{p}_stops")
+    assert "while the job was stopped; then sync stopped" in stopped and "ALTER IGNORE" in stopped
     assert assert_converged(spark, app_conn, f"{p}_kept") == 20
     assert iceberg_rows(spark, lake, COLUMNS) == before_drop
     assert source_dropped(spark, f"lakehouse.dim_db.{p}_other") is None
@@ -2360,6 +2374,60 @@ def test_foreign_key_cascades_reach_the_lake(spark, app_conn, make_sync) -> None
     with app_conn.cursor() as cur:  # the workload did cascade: the sources lost child rows
         cur.execute("SELECT (SELECT count(*) FROM fk_child), (SELECT count(*) FROM fk_staff)")
         assert cur.fetchone() < (24, 30)
+
+
+def test_a_cascading_child_dropped_before_its_cascade_was_read_is_kept_as_of_its_position(
+    spark, app_conn, make_sync
+) -> None:
+    """A parent's delete, then DROP TABLE of its cascading child, both not applied yet: reading the
+    child's rows the delete cascaded to failed on the missing table and the whole job with it (found
+    by review of the CDC fuzzer's new rules). Dropped while the job was stopped, the child's keys are
+    gone from the source too: it is kept as of its position, never claimed to be as of its DROP."""
+    from jobs.cdc.target_table import CASCADED_FROM_PROPERTY, source_dropped
+
+    tables = {"fkd_parent": "id INT PRIMARY KEY, name VARCHAR(20)"} | {
+        child: "id INT PRIMARY KEY, parent_id INT, FOREIGN KEY (parent_id) REFERENCES fkd_parent(id) "
+        "ON DELETE CASCADE"
+        for child in ("fkd_running", "fkd_stopped")
+    }
+    with app_conn.cursor() as cur:
+        for name in reversed(tables):
+            cur.execute(f"DROP TABLE IF EXISTS {name}")
+        for name, columns in tables.items():
+            cur.execute(f"CREATE TABLE {name} ({columns}) ENGINE=InnoDB")
+            spark.sql(f"DROP TABLE IF EXISTS lakehouse.dim_db.{name}")
+        cur.executemany("INSERT INTO fkd_parent VALUES (%s, 'p')", [(p,) for p in range(1, 5)])
+        for child in ("fkd_running", "fkd_stopped"):
+            cur.executemany(f"INSERT INTO {child} VALUES (%s, %s)", [(c, c % 4 + 1) for c in range(1, 13)])
+    app_conn.commit()
+    sync = make_sync(include=("user_db.fkd_*",))
+    catch_up(sync)
+    lake = {name: f"lakehouse.dim_db.{name}" for name in tables}
+    kept = iceberg_rows(spark, lake["fkd_running"], ["id", "parent_id"])
+    properties = dict(spark.sql(f"SHOW TBLPROPERTIES {lake['fkd_stopped']}").collect())
+    assert properties[CASCADED_FROM_PROPERTY] == "user_db.fkd_parent"
+
+    with app_conn.cursor() as cur:  # while the job runs, neither applied yet
+        cur.execute("DELETE FROM fkd_parent WHERE id = 1")
+        cur.execute("DROP TABLE fkd_running")
+    app_conn.commit()
+    catch_up(sync)
+    assert sync.errors == []
+    assert "cascaded to could be read" in source_dropped(spark, lake["fkd_running"])
+    assert iceberg_rows(spark, lake["fkd_running"], ["id", "parent_id"]) == kept  # as of its position
+    sync.close()
+
+    stopped = iceberg_rows(spark, lake["fkd_stopped"], ["id", "parent_id"])
+    with app_conn.cursor() as cur:  # while the job is stopped
+        cur.execute("DELETE FROM fkd_parent WHERE id = 2")
+        cur.execute("DROP TABLE fkd_stopped")
+    app_conn.commit()
+    sync = make_sync(include=("user_db.fkd_*",))
+    catch_up(sync)
+    assert sync.errors == []
+    assert source_dropped(spark, lake["fkd_stopped"]).endswith("(while the job was stopped)")
+    assert iceberg_rows(spark, lake["fkd_stopped"], ["id", "parent_id"]) == stopped
+    assert_converged(spark, app_conn, "fkd_parent", ["id", "name"])
 
 
 def test_a_child_whose_cascading_parent_is_not_synced_stops_with_the_reason(

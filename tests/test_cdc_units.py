@@ -114,6 +114,19 @@ def test_other_ddl_is_unsupported(statement: str) -> None:
     ddl = classify(statement)
     assert ddl is not None and ddl.unsupported
     assert (None, "products") in ddl.tables
+    # a table renamed away is gone under its name, as a dropped one (its lake table is kept, marked)
+    assert ddl.drops == ("RENAME" in statement or statement.startswith("DROP TABLE"))
+
+
+def test_a_swap_by_rename_takes_the_name_away_and_makes_it_again() -> None:
+    swap = classify("RENAME TABLE t TO t_old, t_new TO t")
+    assert swap.drops and swap.renamed
+    assert swap.tables == ((None, "t"), (None, "t_new")) and (None, "t") in swap.created
+    renamed_and_altered = classify("ALTER TABLE t RENAME TO u, DROP PRIMARY KEY")
+    assert renamed_and_altered.renamed and renamed_and_altered.created == ((None, "u"),)
+    # a RENAME COLUMN clause not understood stops the table; it does not take the table away
+    for clause in ("RENAME COLUMN IF EXISTS a TO b", "RENAME COLUMN naïve TO b"):
+        assert not classify(f"ALTER TABLE t {clause}").drops
 
 
 @pytest.mark.parametrize(

@@ -120,6 +120,8 @@ class DdlEvent:
     timestamp: int
     # Tables it made exist that the reader does not follow yet and the selection takes.
     created: tuple[tuple[str, str], ...] = ()
+    # Followed tables it took away and made again (RENAME t TO t_old, t_new TO t).
+    recreated: tuple[tuple[str, str], ...] = ()
 
 
 class BinlogGone(RuntimeError):
@@ -148,12 +150,16 @@ class BinlogReader:
         max_queued: int = 20_000,
         max_backoff: float = 10.0,
         selects: Callable[[str, str], bool] = lambda schema, name: False,
+        lower_case_table_names: int = 0,
     ) -> None:
         self._settings = connection_settings
         self._server_id = server_id
         self._tables = dict(tables)
         # A table created (or given a primary key) under such a name is reported (DdlEvent.created).
         self._selects = selects
+        # The server's lower_case_table_names: a DDL may name a table in any letter case (1: names are
+        # stored in lower case; 2: as created, compared in lower case). Row events carry stored names.
+        self._name_case = lower_case_table_names
         self._is_mariadb = is_mariadb
         self._max_backoff = max_backoff
         self.items: queue.Queue[Transaction | DdlEvent] = queue.Queue(maxsize=max_queued)
@@ -407,13 +413,31 @@ class BinlogReader:
             self._put(Transaction(pending, end, timestamp))
         self._advance(end)
 
+    def _stored_name(self, table: tuple[str, str]) -> tuple[str, str]:
+        """The name the server stores for `table` as a DDL spells it (row events carry that one)."""
+        if not self._name_case:
+            return table
+        folded = (table[0].lower(), table[1].lower())
+        for followed in tuple(self._tables):  # the job's thread follows and unfollows meanwhile
+            if (followed[0].lower(), followed[1].lower()) == folded:
+                return followed
+        return folded if self._name_case == 1 else table
+
     def _queue_ddl(self, ddl: DdlChange, default_schema: bytes | str, end: BinlogPosition, timestamp: int):
         schema = default_schema.decode() if isinstance(default_schema, bytes) else default_schema
-        touched = tuple(t for t in ((s or schema, n) for s, n in ddl.tables) if t in self._tables)
+        named_in = [self._stored_name((s or schema, n)) for s, n in ddl.tables]
+        touched = tuple(t for t in named_in if t in self._tables)
         if ddl.dropped_schema is not None:  # DROP DATABASE: every followed table in it
-            touched = tuple(t for t in self._tables if t[0] == ddl.dropped_schema)
+            dropped = ddl.dropped_schema.lower() if self._name_case else ddl.dropped_schema
+            touched = tuple(
+                t for t in tuple(self._tables) if (t[0].lower() if self._name_case else t[0]) == dropped
+            )
         # Created, or given the primary key it lacked: a table the job may start following.
-        named = ((s or schema, n) for s, n in (*ddl.created, *(ddl.tables if ddl.adds_key else ())))
+        named = [
+            self._stored_name((s or schema, n))
+            for s, n in (*ddl.created, *(ddl.tables if ddl.adds_key else ()))
+        ]
         created = tuple(t for t in named if t not in self._tables and self._selects(*t))
+        recreated = tuple(t for t in named if t in touched) if ddl.drops else ()
         if touched or created:
-            self._put(DdlEvent(ddl, touched, end, timestamp, created))
+            self._put(DdlEvent(ddl, touched, end, timestamp, created, recreated))

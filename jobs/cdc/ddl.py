@@ -4,10 +4,11 @@ Column changes (`ColumnChange`): ADD (any position), DROP, RENAME COLUMN, CHANGE
 type), MODIFY (new type); what the sync does with each is its `--schema-changes` policy
 (`schema_policy.py`). An added column with a DEFAULT or NOT NULL fills the existing rows without any
 row events, so such a change is flagged for a backfill (`fills_existing_rows`, which parses the
-column definition with sqlglot rather than matching text). TRUNCATE is its own kind; DROP TABLE and
-DROP DATABASE (`dropped_schema`) mark the tables dropped; anything else that changes a synced table's
-shape (RENAME TABLE, a primary key change in any spelling, ALTER IGNORE adding a unique key, a clause
-not understood) is `unsupported`: that table stops. DROP TEMPORARY TABLE changes no synced table. A
+column definition with sqlglot rather than matching text). TRUNCATE is its own kind; DROP TABLE,
+DROP DATABASE (`dropped_schema`) and a RENAME (`renamed`: the old name is gone) mark the tables
+dropped (`drops`); anything else that changes a synced table's shape (a primary key change in any
+spelling, ALTER IGNORE adding a unique key, a clause not understood) is `unsupported`: that table
+stops. DROP TEMPORARY TABLE changes no synced table. A
 statement that makes a table exist under a name (CREATE TABLE, also `... LIKE` and `... AS SELECT`;
 the new name of a RENAME) lists it in `created`, so a selection by pattern can pick it up; CREATE OR
 REPLACE also `replaces` what was there.
@@ -170,6 +171,12 @@ class DdlChange:
     adds_key: bool = False  # ALTER ... ADD PRIMARY KEY: a table without one may be synced now
     dropped_schema: str | None = None  # DROP DATABASE: every synced table of that schema is gone
     foreign_keys_changed: bool = False  # a FOREIGN KEY added or dropped: cascades to re-read
+    renamed: bool = False  # RENAME TABLE, ALTER TABLE … RENAME TO: the tables named are gone under it
+
+    @property
+    def drops(self) -> bool:
+        """The tables it names are gone under their names (DROP, or renamed away)."""
+        return self.reason == "DROP" or self.renamed
 
     @property
     def added_columns(self) -> tuple[SourceColumn, ...]:
@@ -242,7 +249,9 @@ def classify(statement: str) -> DdlChange | None:
                 changes += understood
         if renamed_to:  # the table is gone under its old name, whatever else the statement did
             reason = "; ".join(["RENAME", *problems])
-            return DdlChange(statement, (table,), unsupported=True, reason=reason, created=tuple(renamed_to))
+            return DdlChange(
+                statement, (table,), unsupported=True, reason=reason, created=tuple(renamed_to), renamed=True
+            )
         adds_key = any(_ADD_PRIMARY_KEY.search(clause) for clause in clauses)
         foreign = any(_FOREIGN_KEY.search(clause) for clause in clauses)
         if problems:
@@ -272,8 +281,9 @@ def classify(statement: str) -> DdlChange | None:
         names = _names_in(match.group(2))
         if verb == "RENAME":  # RENAME TABLE a TO b, c TO d: a and c are gone, b and d are new
             return DdlChange(
-                statement, tuple(names[0::2]), unsupported=True, reason=verb, created=tuple(names[1::2])
-            )
+                statement, tuple(names[0::2]), unsupported=True, reason=verb, created=tuple(names[1::2]),
+                renamed=True,
+            )  # fmt: skip
         return DdlChange(statement, tuple(names), unsupported=True, reason=verb)
     return None
 

@@ -361,6 +361,11 @@ def drop_finished_staging(spark, target: str, stored: BinlogPosition) -> None:
         if progress is None or progress.position.order <= stored.order:
             drop_staging(spark, staging, target)
             log.info("%s: dropped the staging table of a finished snapshot", staging)
+        elif read_progress(spark, staging, POSITION_KEY) is not None:  # caught up: built afresh
+            log.warning(
+                "%s: an interrupted re-snapshot of %s had caught up; `--resync` builds it afresh",
+                staging, target,
+            )  # fmt: skip
         else:
             log.warning(
                 "%s: an interrupted re-snapshot of %s is waiting; `--resync` resumes it", staging, target

@@ -202,11 +202,16 @@ def _rows_in(connect, schema, name, key, columns, values, chunk) -> dict[tuple[s
             for start in range(0, len(values), chunk):
                 part = values[start : start + chunk]
                 row = "(" + ", ".join(["%s"] * len(columns)) + ")"
-                cur.execute(
-                    f"SELECT * FROM {_quoted(schema)}.{_quoted(name)} WHERE "
-                    f"({', '.join(map(_quoted, columns))}) IN ({', '.join([row] * len(part))})",
-                    [value for tuple_ in part for value in tuple_],
-                )
+                try:
+                    cur.execute(
+                        f"SELECT * FROM {_quoted(schema)}.{_quoted(name)} WHERE "
+                        f"({', '.join(map(_quoted, columns))}) IN ({', '.join([row] * len(part))})",
+                        [value for tuple_ in part for value in tuple_],
+                    )
+                except pymysql.err.ProgrammingError as exc:
+                    if exc.args[0] == NO_SUCH_TABLE:
+                        raise MissingTable(f"source table {schema}.{name} does not exist") from exc
+                    raise
                 names = [d[0] for d in cur.description]
                 for record in cur.fetchall():
                     as_dict = dict(zip(names, record, strict=True))
@@ -299,6 +304,13 @@ def binary_logs(conn: pymysql.Connection) -> dict[str, int]:
 
 def is_mariadb(conn: pymysql.Connection) -> bool:
     return "mariadb" in conn.get_server_info().lower()
+
+
+def lower_case_table_names(conn: pymysql.Connection) -> int:
+    """0: table names are case-sensitive; 1: stored in lower case; 2: compared in lower case."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT @@lower_case_table_names")
+        return int(cur.fetchone()[0])
 
 
 def mariadb_gtid_state(conn: pymysql.Connection) -> str:

@@ -14,9 +14,9 @@
 * Every commit checks that the stored position is still the batch's start: a second CDC job on the
   same table stops with an error (exit 3) instead of committing.
 * Column changes (ADD, DROP, RENAME, type changes) are followed per `--schema-changes`
-  (`schema_policy.py`); TRUNCATE empties the lake table at the same position; other DDL (DROP or
-  RENAME TABLE, a key change), or a column type with no Iceberg mapping, stops that table's sync with
-  an error naming the statement and the fix.
+  (`schema_policy.py`); TRUNCATE empties the lake table at the same position; DROP or RENAME TABLE
+  keeps the lake table, marked dropped; other DDL (a key change), or a column type with no Iceberg
+  mapping, stops that table's sync with an error naming the statement and the fix.
 """
 
 from __future__ import annotations
@@ -104,6 +104,8 @@ class TableState:
     unsynced: frozenset[str] = frozenset()
     # Being re-snapshotted beside the stream (`resync.py`); its changes are held for the new copy.
     resync: BesideStream | None = None
+    # Its source table was gone when the job started: followed up to its DROP, which is before this.
+    gone_by: BinlogPosition | None = None
 
     def row_for_lake(self, change: RowChange) -> RowChange:
         if not self.unsynced:
@@ -195,6 +197,7 @@ class CdcSync(StreamingJob):
         self.credentials = source_db.cdc_credentials(config)
         self.tables: dict[tuple[str, str], TableState] = {}
         self.foreign_keys: list[foreign_keys.ForeignKey] = []  # of the synced tables (cascades)
+        self._cascaded_from: dict[tuple[str, str], str] = {}  # what each lake table's property says
         self.reader: BinlogReader | None = None
         self.fatal: str | None = None
         self.last_report = BatchReport()
@@ -225,6 +228,7 @@ class CdcSync(StreamingJob):
         try:
             source_db.require_binlog_settings(conn)
             is_mariadb = self._is_mariadb = source_db.is_mariadb(conn)
+            name_case = source_db.lower_case_table_names(conn)
             specs = self._selected_specs(conn)
             for name in self.resync:
                 if not any(spec.matches(name) for spec in specs):
@@ -236,8 +240,10 @@ class CdcSync(StreamingJob):
                 if spec.source_key not in self.tables:
                     background = any(spec.matches(name) for name in self.resync) and self._has_position(spec)
                     state = self.tables[spec.source_key] = self._prepare(conn, spec, is_mariadb, background)
-                    if background and state.dropped is None:
+                    if background and state.dropped is None and state.gone_by is None:
                         beside.append(state)
+                    elif background:
+                        log.warning("--resync %s: its source table is gone; nothing to copy", spec.source)
             resumable = []
             for state in beside:
                 # An interrupted copy the source still has the binlog for may be resumed from its B.
@@ -268,6 +274,7 @@ class CdcSync(StreamingJob):
                 {k: t.key for k, t in self.tables.items() if t.live},
                 is_mariadb=is_mariadb,
                 selects=self._takes_new_table,
+                lower_case_table_names=name_case,
             ).start()
             log.info(
                 "tailing the binlog from %s for %s%s",
@@ -438,7 +445,9 @@ class CdcSync(StreamingJob):
                     spec.source,
                     marked,
                 )
-            else:  # dropped (or renamed away) while the job was stopped: the DROP was never read
+            elif following := self._follow_to_drop(conn, spec, stored, is_mariadb):
+                return following
+            else:
                 self._source_dropped(state, f"after {stored} (while the job was stopped)")
             return state
         target_table.configure_table(self.spark, spec.target, source.key, spec.source)
@@ -458,6 +467,31 @@ class CdcSync(StreamingJob):
             log.error(state.error)
         return state
 
+    def _follow_to_drop(
+        self, conn: pymysql.Connection, spec: TableSpec, stored: BinlogPosition | None, is_mariadb: bool
+    ) -> TableState | None:
+        """A table dropped (or renamed away) while the job was stopped: the changes the source made to
+        it after its stored position and before the DROP are applied (the binlog names their columns),
+        then the DROP marks it. The DROP is before the binlog's end now (`gone_by`): a table still
+        followed past there is marked as of its position. None (marked as of its position at once):
+        its position is no longer in the binlog, the lake table has no key to merge by, or its
+        parents' changes cascaded to it (`_mark_cascaded_children`), which cannot be read any more."""
+        if stored is None or self._position_problem(conn, stored, is_mariadb) is not None:
+            return None
+        if target_table.cascaded_from(self.spark, spec.target):
+            return None  # its parents' changes cascaded to it too: with its keys gone, not readable
+        merged_by = {c.lower() for c in target_table.identifier_fields(self.spark, spec.target)}
+        columns = target_table.target_columns(self.spark, spec.target)
+        key = tuple(name for name, _ in columns if name.lower() in merged_by)
+        if not key:
+            return None
+        gone_by = BinlogPosition(*source_db.master_position(conn))
+        state = TableState(spec, key, columns, stored, gone_by=gone_by)
+        state.unsynced = target_table.unsynced_columns(self.spark, spec.target)
+        log.info("%s: its source table %s is gone; its changes up to the DROP are applied", spec.target,
+                 spec.source)  # fmt: skip
+        return state
+
     @staticmethod
     def _position_problem(conn: pymysql.Connection, position: BinlogPosition, is_mariadb: bool) -> str | None:
         gtid_state = source_db.mariadb_gtid_state(conn) if is_mariadb else None
@@ -467,23 +501,30 @@ class CdcSync(StreamingJob):
         self, conn: pymysql.Connection, spec: TableSpec, is_mariadb: bool, resume: bool
     ) -> snapshot.SnapshotResult:
         return snapshot.snapshot_table(
-            self.spark,
-            conn,
-            spec.source_schema,
-            spec.source_name,
-            spec.target,
-            binlog_alive=lambda position: self._position_problem(conn, position, is_mariadb),
-            chunk_rows=self.snapshot_chunk_rows,
-            commit_rows=self.snapshot_commit_rows,
-            resume=resume,
-            reader_connection=(
+            **self._snapshot_options(conn, spec, is_mariadb, resume), readers=self.snapshot_readers
+        )
+
+    def _snapshot_options(
+        self, conn: pymysql.Connection, spec: TableSpec, is_mariadb: bool, resume: bool
+    ) -> dict:
+        """What a snapshot between two batches and a copy beside the stream share."""
+        return {
+            "spark": self.spark,
+            "conn": conn,
+            "source_schema": spec.source_schema,
+            "source_name": spec.source_name,
+            "target": spec.target,
+            "binlog_alive": lambda position: self._position_problem(conn, position, is_mariadb),
+            "chunk_rows": self.snapshot_chunk_rows,
+            "commit_rows": self.snapshot_commit_rows,
+            "resume": resume,
+            "reader_connection": (
                 source_db.connection_settings(self.config, self.credentials)
                 if self.snapshot_reader_process
                 else None
             ),
-            metrics=self.metrics,
-            readers=self.snapshot_readers,
-        )
+            "metrics": self.metrics,
+        }
 
     # ---- re-snapshots beside the stream (resync.py) ----------------------------------------------
 
@@ -549,21 +590,7 @@ class CdcSync(StreamingJob):
         conn = self._connect()
         try:
             return snapshot.build_staging(
-                self.spark,
-                conn,
-                spec.source_schema,
-                spec.source_name,
-                spec.target,
-                binlog_alive=lambda position: self._position_problem(conn, position, self._is_mariadb),
-                chunk_rows=self.snapshot_chunk_rows,
-                commit_rows=self.snapshot_commit_rows,
-                resume=resume,
-                reader_connection=(
-                    source_db.connection_settings(self.config, self.credentials)
-                    if self.snapshot_reader_process
-                    else None
-                ),
-                metrics=self.metrics,
+                **self._snapshot_options(conn, spec, self._is_mariadb, resume),
                 readers=RESYNC_READERS,
                 cancelled=cancelled,
                 on_position=on_position,
@@ -854,6 +881,7 @@ class CdcSync(StreamingJob):
         finally:
             if own:
                 conn.close()
+        self._mark_cascaded_children()
         while True:  # a stopped child is a parent no longer followed for its own children
             live = {key for key, state in self.tables.items() if state.live}
             unfollowed = foreign_keys.unfollowed_parents(self.foreign_keys, live)
@@ -866,6 +894,25 @@ class CdcSync(StreamingJob):
                     f"cascade to would never reach the lake; sync {'.'.join(fk.parent)} too, or --exclude "
                     f"{'.'.join(child)}",
                 )
+
+    def _mark_cascaded_children(self) -> None:
+        """Each synced child's lake table names the parents that cascade to it (a table property,
+        written when that changes): once the source table is gone, its keys are too, and a restart
+        must know that the changes it missed include cascades it can no longer read."""
+        parents: dict[tuple[str, str], set[str]] = {}
+        for fk in self.foreign_keys:
+            if fk.cascades and fk.child in self.tables:
+                parents.setdefault(fk.child, set()).add(".".join(fk.parent))
+        for key in set(parents) | set(self._cascaded_from):
+            state, value = self.tables.get(key), ",".join(sorted(parents.get(key, ())))
+            if state is None or not state.live or self._cascaded_from.get(key) == value:
+                continue
+            target = state.spec.target
+            if not target_table.table_exists(self.spark, target):
+                continue  # not in the lake yet: its first copy is on its way; marked at the next read
+            if target_table.cascaded_from(self.spark, target) != value:
+                target_table.set_cascaded_from(self.spark, target, value)
+            self._cascaded_from[key] = value
 
     def _cascades(
         self,
@@ -900,11 +947,13 @@ class CdcSync(StreamingJob):
                 in_batch = own.get(fk.child, []) + cascaded.get(fk.child, [])
                 if not child.applies:  # rows held for its copy and not merged into it yet
                     in_batch += child.resync.unmerged()
-                changes = [
-                    c
-                    for c in self._children_now(child, fk, old, new, in_batch)
-                    if (fk.child, c.key) not in seen
-                ]
+                try:
+                    now = self._children_now(child, fk, old, new, in_batch)
+                except source_db.MissingTable:  # dropped since: its DROP is later in the binlog
+                    self._source_dropped(child, f"after {child.position} (gone before the rows its "
+                                         f"parent's changes cascaded to could be read)")  # fmt: skip
+                    continue
+                changes = [c for c in now if (fk.child, c.key) not in seen]
                 if not changes:
                     continue
                 seen.update((fk.child, c.key) for c in changes)
@@ -984,6 +1033,10 @@ class CdcSync(StreamingJob):
     def _commit_progress(self, position: BinlogPosition) -> None:
         """Move quiet tables' stored positions up to `position` (everything before it is applied)."""
         for state in self.tables.values():
+            if state.live and state.gone_by is not None and position.order >= state.gone_by.order:
+                # read past the binlog's end at the start, no DROP for it (dropped unlogged)
+                self._source_dropped(state, f"after {state.position} (while the job was stopped)")
+                continue
             if state.resync is not None:
                 state.resync.hold(position, [])  # read up to here: nothing more of it was held
             if not state.applies or position.order <= state.position.order:
@@ -1028,8 +1081,9 @@ class CdcSync(StreamingJob):
                 and not ddl.change.unsupported
             ):
                 continue  # the keys are read again after the statement
-            if ddl.change.reason == "DROP":
-                self._source_dropped(state, f"at {ddl.end}", statement)
+            if ddl.change.drops:  # renamed away too: the new name is a new table (`ddl.created`)
+                renamed = " (renamed away)" if ddl.change.renamed else ""
+                self._source_dropped(state, f"at {ddl.end}{renamed}", statement)
             elif ddl.change.replaces:  # CREATE OR REPLACE: the source's rows are new, without row events
                 self._replaced(state, statement)
             elif ddl.change.created and not ddl.change.unsupported:
@@ -1037,9 +1091,7 @@ class CdcSync(StreamingJob):
             elif ddl.change.truncate:
                 self._truncate(state, ddl.end, statement)
             elif ddl.change.unsupported:
-                what = {
-                    "RENAME": "the source table was renamed; the lake table stays as it was",
-                }.get(ddl.change.reason, f"unsupported DDL on {state.spec.source} (`{ddl.change.reason}`)")
+                what = f"unsupported DDL on {state.spec.source} (`{ddl.change.reason}`)"
                 self._stop_or_wait(
                     state, f"sync stopped at {ddl.end}: {what}: `{statement}`; {resync_hint(state.spec)}"
                 )
@@ -1047,13 +1099,17 @@ class CdcSync(StreamingJob):
                 self._evolve(state, ddl, statement)
         for schema, name in ddl.created:
             self._follow_created_table(schema, name, statement)
+        for source_key in ddl.recreated:
+            state = self.tables.get(source_key)
+            if state is not None and state.dropped:
+                self._created_again(state, statement)
 
     def _ddl_beside(self, state: TableState, ddl: DdlEvent, statement: str) -> bool:
         """A DDL on a table being re-snapshotted, after the copy's position (its columns are B's): the
         copy starts again (a DROP ends it). Returns whether the live table takes the DDL too."""
         beside = state.resync
         self._call_off(state)
-        if ddl.change.reason != "DROP":
+        if not ddl.change.drops:
             self._request_resync(state, f"{beside.why}; again after `{statement}`", beside.applies_live)
             return beside.applies_live
         if beside.applies_live:
@@ -1107,6 +1163,8 @@ class CdcSync(StreamingJob):
         """The source table is gone: the lake table keeps its rows, marked with where the DROP was
         (`lakehouse.cdc.source-dropped`), and the job goes on. Said once: later starts find the mark."""
         spec = state.spec
+        if state.resync is not None:  # a copy of what is gone: nothing to swap in
+            self._call_off(state)
         state.dropped = where
         if self.reader is not None:
             self.reader.unfollow(spec.source_key)
@@ -1144,6 +1202,10 @@ class CdcSync(StreamingJob):
             )
 
     def _stop_table(self, state: TableState, message: str) -> None:
+        if state.gone_by is not None and state.dropped is None:  # no source to re-snapshot from
+            why = message.split("; re-snapshot it")[0]
+            self._source_dropped(state, f"after {state.position} (while the job was stopped; then {why})")
+            return
         if state.resync is not None:  # what stops the table stops its copy too: it would not cure it
             self._call_off(state)
         state.error = f"{state.spec.target or state.spec.source}: {message}"
@@ -1259,6 +1321,8 @@ class CdcSync(StreamingJob):
         if self.reader is None or self.all_stopped:
             return True
         position = self.reader.position
+        if any(t.live and t.gone_by is not None for t in self.tables.values()):
+            return False  # a table gone at start: marked by the batch that reads past `gone_by`
         return self.reader.items.empty() and position.order >= target.order and not self.resyncing
 
     def close(self) -> None:

@@ -88,6 +88,19 @@ def unsynced_columns(spark, table: str) -> frozenset[str]:
     return frozenset(n for n in value.split(",") if n)
 
 
+# The parents whose changes cascade to this table in the source (InnoDB writes no row events for
+# them): read while the source table exists, kept for when it is gone (the source forgets its keys).
+CASCADED_FROM_PROPERTY = "lakehouse.cdc.cascaded-from"
+
+
+def cascaded_from(spark, table: str) -> str:
+    return dict(spark.sql(f"SHOW TBLPROPERTIES {table}").collect()).get(CASCADED_FROM_PROPERTY, "")
+
+
+def set_cascaded_from(spark, table: str, parents: str) -> None:
+    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({properties({CASCADED_FROM_PROPERTY: parents})})")
+
+
 def clear_marks(spark, table: str) -> None:
     """A table snapshotted anew mirrors its source again: no longer dropped, every column synced."""
     spark.sql(
