@@ -260,3 +260,18 @@ def test_with_case_sensitive_names_another_letter_case_is_another_table() -> Non
         )
     )
     assert _queued(reader) == []
+
+
+def test_an_idle_reader_reaches_the_end_of_a_new_mysql_binlog_file() -> None:
+    """MySQL begins every binlog file with Format_description then Previous_gtids (MySQL source
+    documentation, "Binary Log Events" / binlog file layout); SHOW MASTER STATUS on an idle server
+    points past the latter. Not asked for, an idle reader stayed short of it after a rotate, and
+    "caught up" (--until-idle, a table gone at start) waited for the next write."""
+    from pymysqlreplication.event import PreviousGtidsEvent
+
+    from jobs.cdc.binlog_reader import READ_EVENTS
+
+    assert PreviousGtidsEvent in READ_EVENTS
+    reader = _reader(lambda schema, name: False)
+    reader._read(_Events("mysql-bin.000002", [(157, PreviousGtidsEvent.__new__(PreviousGtidsEvent))]))
+    assert reader.position == BinlogPosition("mysql-bin.000002", 157)

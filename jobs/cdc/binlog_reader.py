@@ -32,6 +32,7 @@ from pymysqlreplication.event import (
     MariadbGtidEvent,
     MariadbGtidListEvent,
     NotImplementedEvent,
+    PreviousGtidsEvent,
     QueryEvent,
     RotateEvent,
     StopEvent,
@@ -134,6 +135,29 @@ CONNECTION_ERRORS = (pymysql.err.Error, OSError)
 UNDECODABLE_TRIES = 3
 
 
+# The events the reader asks for. Between transactions, each one's end is a place to resume from, so
+# an idle reader reaches the server's binlog end (MySQL starts every file with Format_description and
+# Previous_gtids; MariaDB with Format_description, Gtid_list and Binlog_checkpoint).
+READ_EVENTS = [
+    WriteRowsEvent,
+    UpdateRowsEvent,
+    DeleteRowsEvent,
+    TableMapEvent,
+    QueryEvent,
+    XidEvent,
+    RotateEvent,
+    FormatDescriptionEvent,
+    MariadbGtidEvent,
+    GtidEvent,
+    MariadbGtidListEvent,
+    MariadbBinLogCheckPointEvent,
+    PreviousGtidsEvent,  # MySQL: after a rotate, where an idle reader reaches the file's end
+    StopEvent,
+    XAPrepareEvent,
+    NotImplementedEvent,
+]
+
+
 class UnreadableBinlog(RuntimeError):
     """The binlog holds what the reader cannot decode (compression) or its settings changed."""
 
@@ -222,23 +246,7 @@ class BinlogReader:
             resume_stream=True,  # without it the position is ignored
             blocking=True,
             **self._resume_from(),
-            only_events=[
-                WriteRowsEvent,
-                UpdateRowsEvent,
-                DeleteRowsEvent,
-                TableMapEvent,
-                QueryEvent,
-                XidEvent,
-                RotateEvent,
-                FormatDescriptionEvent,
-                MariadbGtidEvent,
-                GtidEvent,
-                MariadbGtidListEvent,
-                MariadbBinLogCheckPointEvent,
-                StopEvent,
-                XAPrepareEvent,
-                NotImplementedEvent,
-            ],
+            only_events=READ_EVENTS,
             # Hand over the events the library cannot decode (by default it drops them unseen):
             # a compressed one must stop the sync, not vanish.
             filter_non_implemented_events=False,

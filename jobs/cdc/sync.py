@@ -686,16 +686,22 @@ class CdcSync(StreamingJob):
         finally:
             conn.close()
 
+    def _kept_while_copied(self, state: TableState, beside: BesideStream) -> str:
+        """Where a table that waited for its copy is kept as of, its source gone: not the DROP (it
+        received no changes meanwhile), but an older table's own mark or the position it stored."""
+        kept = target_table.source_dropped(self.spark, state.spec.target)
+        return kept or f"after {beside.lake_position or state.position} (a re-snapshot was under way)"
+
     def _gone_while_copied(self, state: TableState) -> None:
         """The source table went while its copy was built (a DROP the reader has yet to deliver, or
         one from before the copy's position): as a DROP, not as a failed copy. A table still applied
         to takes its last changes, then the DROP, from the stream in binlog order."""
-        applies = state.applies
+        applies, beside = state.applies, state.resync
         self._call_off(state)
         if applies:
             return
         if target_table.table_exists(self.spark, state.spec.target):
-            self._source_dropped(state, "while it was re-snapshotted")
+            self._source_dropped(state, self._kept_while_copied(state, beside))
         else:
             self.reader.unfollow(state.spec.source_key)
             del self.tables[state.spec.source_key]
@@ -747,6 +753,8 @@ class CdcSync(StreamingJob):
         state.error = state.dropped = None
         state.awaits_key = False
         state.last_commit = time.monotonic()
+        self._cascaded_from.pop(spec.source_key, None)  # a first copy has no mark yet: written now
+        self._mark_cascaded_children()
         log.info(
             "%s: re-snapshotted beside the stream (%s): %s rows, verified against the source, swapped in "
             "at %s after %.0f s",
@@ -950,8 +958,9 @@ class CdcSync(StreamingJob):
                 try:
                     now = self._children_now(child, fk, old, new, in_batch)
                 except source_db.MissingTable:  # dropped since: its DROP is later in the binlog
-                    self._source_dropped(child, f"after {child.position} (gone before the rows its "
-                                         f"parent's changes cascaded to could be read)")  # fmt: skip
+                    if child.applies:  # (one waiting for its copy: the DROP settles it, as any)
+                        self._source_dropped(child, f"after {child.position} (gone before the rows its "
+                                             f"parent's changes cascaded to could be read)")  # fmt: skip
                     continue
                 changes = [c for c in now if (fk.child, c.key) not in seen]
                 if not changes:
@@ -1101,7 +1110,9 @@ class CdcSync(StreamingJob):
             self._follow_created_table(schema, name, statement)
         for source_key in ddl.recreated:
             state = self.tables.get(source_key)
-            if state is not None and state.dropped:
+            if state is None:  # gone with its first copy (`_ddl_beside`): the new table is new
+                self._follow_created_table(*source_key, statement)
+            elif state.dropped:
                 self._created_again(state, statement)
 
     def _ddl_beside(self, state: TableState, ddl: DdlEvent, statement: str) -> bool:
@@ -1115,7 +1126,7 @@ class CdcSync(StreamingJob):
         if beside.applies_live:
             return True
         if target_table.table_exists(self.spark, state.spec.target):
-            self._source_dropped(state, f"at {ddl.end}", statement)
+            self._source_dropped(state, self._kept_while_copied(state, beside), statement)
         else:  # created and dropped before its first copy was swapped in
             self.reader.unfollow(state.spec.source_key)
             del self.tables[state.spec.source_key]
@@ -1165,7 +1176,7 @@ class CdcSync(StreamingJob):
         spec = state.spec
         if state.resync is not None:  # a copy of what is gone: nothing to swap in
             self._call_off(state)
-        state.dropped = where
+        state.dropped, state.error = where, None  # (a table stopped for its copy: nothing to copy now)
         if self.reader is not None:
             self.reader.unfollow(spec.source_key)
         target_table.mark_source_dropped(self.spark, spec.target, where)
