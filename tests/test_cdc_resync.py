@@ -185,6 +185,29 @@ def test_a_copy_that_does_not_verify_is_built_again_and_never_swapped_in(
     assert snapshot.staging_tables(spark, lake) == []
 
 
+def once_the_copy_has_its_position(monkeypatch, connect, *statements: str) -> list:
+    """Run `statements` in the source once, as soon as a copy beside the stream has read its
+    position (B); returns the positions it ran at (one, once it did)."""
+    real, ran = snapshot.build_staging, []
+
+    def build(*args, on_position, **kwargs):
+        def learned(position) -> None:
+            on_position(position)
+            if not ran:
+                conn = connect()
+                with conn.cursor() as cur:
+                    for statement in statements:
+                        cur.execute(statement)
+                conn.commit()
+                conn.close()
+                ran.append(position)
+
+        return real(*args, on_position=learned, **kwargs)
+
+    monkeypatch.setattr(snapshot, "build_staging", build)
+    return ran
+
+
 def test_a_ddl_during_the_copy_starts_it_again_with_the_new_column(
     spark, app_conn, local_stack, secrets, make_sync, monkeypatch, caplog
 ) -> None:
@@ -195,24 +218,11 @@ def test_a_ddl_during_the_copy_starts_it_again_with_the_new_column(
     seed_rows(app_conn, name, 6_000)
     catch_up(make_sync(pair))
     caplog.set_level(logging.INFO, logger="cdc_sync")
-    real = snapshot.build_staging
-    altered = []
-
-    def build(*args, on_position, **kwargs):
-        def learned(position) -> None:
-            on_position(position)
-            if not altered:  # once the copy's position is read: a migration lands mid-copy
-                conn = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
-                with conn.cursor() as cur:
-                    cur.execute(f"ALTER TABLE {name} ADD COLUMN extra INT NOT NULL DEFAULT 7")
-                    cur.execute(f"UPDATE {name} SET extra = 8 WHERE id = 'k00011'")
-                conn.commit()
-                conn.close()
-                altered.append(position)
-
-        return real(*args, on_position=learned, **kwargs)
-
-    monkeypatch.setattr(snapshot, "build_staging", build)
+    altered = once_the_copy_has_its_position(  # a migration lands mid-copy
+        monkeypatch, lambda: local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"]),
+        f"ALTER TABLE {name} ADD COLUMN extra INT NOT NULL DEFAULT 7",
+        f"UPDATE {name} SET extra = 8 WHERE id = 'k00011'",
+    )  # fmt: skip
     sync = make_sync(pair, resync=(f"user_db.{name}",), chunk_rows=500, commit_rows=1_000)
     run_until_swapped(sync)
     catch_up(sync)
@@ -246,21 +256,10 @@ def test_a_table_made_again_and_dropped_while_its_copy_is_built_keeps_its_first_
     recreate_source(app_conn, name)
     seed_rows(app_conn, name, 3_000, prefix="again")
     sync.close()
-    real, dropped = snapshot.build_staging, []
-
-    def build(*args, on_position, **kwargs):
-        def learned(position) -> None:
-            on_position(position)
-            if not dropped:  # the copy's position is read: the table goes again
-                conn = local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
-                with conn.cursor() as cur:
-                    cur.execute(f"DROP TABLE {name}")
-                conn.close()
-                dropped.append(position)
-
-        return real(*args, on_position=learned, **kwargs)
-
-    monkeypatch.setattr(snapshot, "build_staging", build)
+    dropped = once_the_copy_has_its_position(
+        monkeypatch, lambda: local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"]),
+        f"DROP TABLE {name}",
+    )  # fmt: skip
     sync = make_sync(pair, resync=(f"user_db.{name}",), chunk_rows=500, commit_rows=1_000)
     catch_up(sync)
     assert dropped and sync.errors == []
