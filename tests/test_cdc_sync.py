@@ -2446,6 +2446,26 @@ def test_a_child_whose_cascading_parent_is_not_synced_stops_with_the_reason(
     assert not sync.tables[("user_db", "fk_staff")].error  # its cascade is its own: followed
 
 
+def test_a_child_whose_parent_is_made_again_names_the_resync_of_both(spark, app_conn, make_sync) -> None:
+    """The parent dropped and made again stops until --resync; its cascading child then stopped with
+    "sync the parent too, or --exclude" (found by the CDC fuzzer: the parent is synced, and a resync
+    of the child alone stops again): the line names the resync of both."""
+    fk_schema(app_conn, spark)
+    sync = make_sync(include=("user_db.fk_*",))
+    with app_conn.cursor() as cur:
+        cur.execute("SET FOREIGN_KEY_CHECKS = 0")
+        cur.execute("DROP TABLE fk_parent")
+        cur.execute(f"CREATE TABLE fk_parent ({FK_TABLES['fk_parent']}) ENGINE=InnoDB")
+        cur.execute("SET FOREIGN_KEY_CHECKS = 1")
+    app_conn.commit()
+    catch_up(sync)
+    child = sync.tables[("user_db", "fk_child")].error
+    assert "was created again" in sync.tables[("user_db", "fk_parent")].error
+    assert "`lakehouse run cdc --resync user_db.fk_parent --resync user_db.fk_child`" in child, child
+    grandchild = sync.tables[("user_db", "fk_grandchild")].error  # its parent's stop is the key's
+    assert "sync user_db.fk_child too, or --exclude user_db.fk_grandchild" in grandchild, grandchild
+
+
 def test_a_column_added_as_the_snapshot_starts_is_in_the_lake(
     spark, app_conn, make_sync, monkeypatch
 ) -> None:

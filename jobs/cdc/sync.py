@@ -896,11 +896,22 @@ class CdcSync(StreamingJob):
             if not unfollowed:
                 return
             for child, fk in unfollowed.items():
+                parent, names = self.tables.get(fk.parent), (".".join(fk.parent), ".".join(child))
+                # A parent selected, dropped or stopped for a reason of its own (a reload drops and
+                # makes it again): a resync of both cures it; not one stopped for its own parent.
+                if parent is not None and "its foreign key" not in (parent.error or ""):
+                    self._stop_table(
+                        self.tables[child],
+                        f"its foreign key {fk.describe()}: the parent's sync is stopped (or its source "
+                        f"table dropped), so the rows its changes cascade to would not reach the lake; "
+                        f"re-snapshot both once it is there: "
+                        f"`lakehouse run cdc --resync {names[0]} --resync {names[1]}`",
+                    )
+                    continue
                 self._stop_table(
                     self.tables[child],
                     f"its foreign key {fk.describe()}: the parent is not synced, so the rows its changes "
-                    f"cascade to would never reach the lake; sync {'.'.join(fk.parent)} too, or --exclude "
-                    f"{'.'.join(child)}",
+                    f"cascade to would never reach the lake; sync {names[0]} too, or --exclude {names[1]}",
                 )
 
     def _mark_cascaded_children(self) -> None:
