@@ -267,6 +267,45 @@ def test_a_table_made_again_and_dropped_while_its_copy_is_built_keeps_its_first_
     assert iceberg_rows(spark, lake, COLUMNS) == first
 
 
+def test_values_the_source_rewrote_are_re_snapshotted_even_when_the_job_stops_mid_copy(
+    spark, app_conn, make_sync, monkeypatch
+) -> None:
+    """A column change that rewrote existing values without row events (a VARCHAR shortened in
+    non-strict mode) re-snapshots the table. Its live table went on receiving changes and storing
+    positions past that statement, so a job stopped before the copy's swap never saw the statement
+    again: the lake kept the old values for good (found by the CDC fuzzer, with a crash)."""
+    from jobs.cdc.sync import CdcSync
+
+    name = "cdc_test_resync_rewritten"
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, 200)
+    sync = make_sync(pair)
+    catch_up(sync)
+    with app_conn.cursor() as cur:
+        cur.execute("SET SESSION sql_mode = ''")
+        cur.execute(f"UPDATE {name} SET name = CONCAT(name, '-long') WHERE qty % 2 = 0")
+        cur.execute(f"ALTER TABLE {name} MODIFY name VARCHAR(6) NOT NULL")  # 'seed-long' -> 'seed-l'
+        cur.execute("SET SESSION sql_mode = DEFAULT")
+        cur.execute(f"INSERT INTO {name} (id, name, qty, price) VALUES ('after', 'after', 1, 1)")
+    app_conn.commit()
+    monkeypatch.setattr(CdcSync, "_step_resync", lambda self, state: None)  # never swapped in
+    state = sync.tables[("user_db", name)]
+    for _ in range(40):  # the ALTER's re-snapshot is requested; the INSERT after it read
+        sync.run_batch()
+        if state.resync is not None and sync.reader.items.empty():
+            break
+        time.sleep(0.25)
+    sync.run_batch()
+    assert state.resync is not None
+    sync.close()  # stopped before the swap
+    monkeypatch.undo()
+
+    restarted = make_sync(pair)
+    catch_up(restarted)
+    assert restarted.errors == []
+    assert_converged(spark, app_conn, name)
+
+
 def test_kill_9_mid_resync_leaves_the_table_as_it_was_and_the_next_resync_resumes(
     spark, app_conn, make_sync, monkeypatch
 ) -> None:

@@ -1316,7 +1316,9 @@ class CdcSync(StreamingJob):
         self._request_resync(state, f"`{statement}` replaced the source table", applies_live=False)
 
     def _resnapshot(self, state: TableState, why: str) -> None:
-        self._request_resync(state, why)
+        """The source rewrote existing values without row events: the lake table waits for the copy,
+        its stored position before the statement, so a job stopped before the swap meets it again."""
+        self._request_resync(state, why, applies_live=False)
 
     def _fail_all(self, reason: str) -> None:
         for state in self.tables.values():
