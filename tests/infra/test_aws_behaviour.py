@@ -46,7 +46,8 @@ def test_every_service_the_templates_make_act_on_a_resource_is_let_in_by_its_pol
     assert kinds[("cloudwatch.amazonaws.com", "sns:Publish")] == alarms >= 12
     assert kinds[("cloudwatch.amazonaws.com", "kms:GenerateDataKey")] == alarms
     assert kinds[("events.amazonaws.com", "sns:Publish")] == 1  # EMR failures
-    assert kinds[("events.amazonaws.com", "lambda:InvokeFunction")] == 1  # step status -> supervisor
+    # a step of the cluster ending, and the handover step ending on a replaced one -> supervisor
+    assert kinds[("events.amazonaws.com", "lambda:InvokeFunction")] == 2
     logged = [
         b
         for b in of_type(templates, "AWS::S3::Bucket")
@@ -98,15 +99,14 @@ def test_a_key_policy_without_cloudwatch_s_grant_fails_the_encrypted_topic(dev):
 
 
 def test_an_eventbridge_target_permission_for_another_rule_does_not_let_the_rule_in(dev):
-    (permission,) = of_type(dev.templates, "AWS::Lambda::Permission")
-    (other_rule,) = [
-        r
-        for r in of_type(dev.templates, "AWS::Events::Rule")
-        if r
-        != aws.target_of(
-            dev.templates, dev.templates["Jobs"]["Resources"][permission]["Properties"]["SourceArn"]
-        )
-    ]
+    # One permission per rule that invokes the supervisor (a step of the cluster, the handover's end)
+    permitted = {
+        aws.target_of(dev.templates, dev.templates["Jobs"]["Resources"][p]["Properties"]["SourceArn"]): p
+        for p in of_type(dev.templates, "AWS::Lambda::Permission")
+    }
+    assert len(permitted) == 2
+    permission = permitted[min(permitted)]
+    (other_rule,) = [r for r in of_type(dev.templates, "AWS::Events::Rule") if r not in permitted]
 
     def for_the_other_rule(resource):
         resource["Properties"]["SourceArn"] = {"Fn::GetAtt": [other_rule, "Arn"]}
