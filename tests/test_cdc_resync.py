@@ -17,12 +17,17 @@ import time
 from support import LAKEHOUSE_BIN
 from test_cdc_sync import (  # noqa: F401 - fixtures among them
     COLUMNS,
+    FK_LATE_CHILD,
+    FK_TABLES,
     app_conn,
     assert_converged,
     catch_up,
+    fk_columns,
+    fk_schema,
     fresh_test_table,
     iceberg_rows,
     make_sync,
+    mysql_rows,
     record_chunk_starts,
     recreate_source,
     secrets,
@@ -185,6 +190,17 @@ def test_a_copy_that_does_not_verify_is_built_again_and_never_swapped_in(
     assert snapshot.staging_tables(spark, lake) == []
 
 
+def run_in_source(connect, statements) -> None:
+    conn = connect()
+    try:
+        with conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+        conn.commit()
+    finally:
+        conn.close()
+
+
 def once_the_copy_has_its_position(monkeypatch, connect, *statements: str) -> list:
     """Run `statements` in the source once, as soon as a copy beside the stream has read its
     position (B); returns the positions it ran at (one, once it did)."""
@@ -194,12 +210,7 @@ def once_the_copy_has_its_position(monkeypatch, connect, *statements: str) -> li
         def learned(position) -> None:
             on_position(position)
             if not ran:
-                conn = connect()
-                with conn.cursor() as cur:
-                    for statement in statements:
-                        cur.execute(statement)
-                conn.commit()
-                conn.close()
+                run_in_source(connect, statements)
                 ran.append(position)
 
         return real(*args, on_position=learned, **kwargs)
@@ -265,6 +276,110 @@ def test_a_table_made_again_and_dropped_while_its_copy_is_built_keeps_its_first_
     assert dropped and sync.errors == []
     assert sync.tables[("user_db", name)].dropped == mark == source_dropped(spark, lake)
     assert iceberg_rows(spark, lake, COLUMNS) == first
+
+
+def once_the_copy_read_its_rows(monkeypatch, connect, *statements: str):
+    """Run `statements` in the source once, when a copy beside the stream has read its last chunk,
+    and hold the copy back (not yet built) until the returned function, called between the test's
+    batches, finds them applied (`applied()`); it returns whether that happened."""
+    real, release, ran = snapshot.build_staging, threading.Event(), []
+
+    def build(*args, **kwargs):
+        built = real(*args, **kwargs)
+        if not ran:
+            run_in_source(connect, statements)
+            ran.append(True)
+            assert release.wait(120), "no batch applied the statements"
+        return built
+
+    monkeypatch.setattr(snapshot, "build_staging", build)
+
+    def run_until_applied(sync, applied) -> None:
+        deadline = time.monotonic() + 120
+        while not release.is_set():
+            sync.run_batch()
+            if ran and applied():
+                release.set()
+            assert time.monotonic() < deadline, "the copy never read its rows"
+            time.sleep(0.05)
+
+    return run_until_applied
+
+
+def test_a_cascade_into_a_table_whose_first_copy_is_being_built_reaches_the_copy(
+    spark, app_conn, local_stack, secrets, make_sync, monkeypatch, caplog
+) -> None:
+    """A cascading child created while the job runs is copied beside the stream. A parent's DELETE
+    and key UPDATE after the copy read its rows (and after its position B) cascade to it in the
+    source without row events: the copy kept the old child rows, failed its verification and was
+    built again, each time (a busy parent made it stop after three). The cascade must reach the copy
+    itself, verified the first time, the lake equal to the source as multisets."""
+    from lakehouse.local.mariadb import APP_USER
+
+    fk_schema(app_conn, spark)
+    sync = make_sync(include=("user_db.fk_*",))
+    catch_up(sync)
+    run_until_applied = once_the_copy_read_its_rows(  # the parent's changes cascade to rows it read
+        monkeypatch, lambda: local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"]),
+        "DELETE FROM fk_parent WHERE id = 2", "UPDATE fk_parent SET id = 60 WHERE id = 3",
+    )  # fmt: skip
+    with app_conn.cursor() as cur:
+        cur.execute(
+            f"CREATE TABLE {FK_LATE_CHILD} (id INT PRIMARY KEY, parent_id INT, boss_id INT, "
+            "FOREIGN KEY (parent_id) REFERENCES fk_parent(id) ON DELETE CASCADE ON UPDATE CASCADE, "
+            f"FOREIGN KEY (boss_id) REFERENCES {FK_LATE_CHILD}(id) ON DELETE CASCADE)"
+        )  # it references itself too: a deleted boss's staff go, and theirs
+        rows = [(i, i % 6 + 1, i - 33 if i >= 33 else None) for i in range(60)]
+        cur.executemany(f"INSERT INTO {FK_LATE_CHILD} VALUES (%s, %s, %s)", rows)
+    app_conn.commit()
+    caplog.set_level(logging.INFO, logger="cdc_sync")
+    run_until_applied(sync, lambda: spark.table("lakehouse.dim_db.fk_parent").where("id = 60").count() == 1)
+    run_until_swapped(sync)
+    catch_up(sync)
+
+    assert sync.errors == []
+    for name in [*FK_TABLES, FK_LATE_CHILD]:
+        columns = fk_columns(app_conn, name)
+        expected = mysql_rows(app_conn, name, columns)
+        assert iceberg_rows(spark, f"lakehouse.dim_db.{name}", columns) == expected, name
+    # the parent's 10 went, and the 5 under them (under another parent): rows the copy had read
+    assert sum(mysql_rows(app_conn, FK_LATE_CHILD, ["id"]).values()) == 45
+    again = [r.getMessage() for r in caplog.records if "building it again" in r.getMessage()]
+    assert again == []  # verified the first time
+
+
+def test_a_child_waiting_for_its_copy_passes_the_cascades_on_to_its_own_children(
+    spark, app_conn, local_stack, secrets, make_sync, monkeypatch
+) -> None:
+    """fk_child's values are rewritten by a column change (no row events): its lake table waits for
+    a copy. A parent's DELETE while the copy is built cascades to fk_child and on to fk_grandchild,
+    which is synced live: the rows it lost could only be found through fk_child's rows, which no
+    table held. Its copy is taken after fk_child's, and every table equals its source."""
+    from lakehouse.local.mariadb import APP_USER
+
+    fk_schema(app_conn, spark)
+    sync = make_sync(include=("user_db.fk_*",))
+    catch_up(sync)
+    run_until_applied = once_the_copy_read_its_rows(
+        monkeypatch, lambda: local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"]),
+        "DELETE FROM fk_parent WHERE id = 2",
+    )  # fmt: skip
+    with app_conn.cursor() as cur:
+        cur.execute("SET SESSION sql_mode = ''")
+        cur.execute("UPDATE fk_child SET note = 'a-long-note' WHERE id % 2 = 0")
+        cur.execute("ALTER TABLE fk_child MODIFY note VARCHAR(4)")  # 'a-long-note' -> 'a-lo', no row events
+        cur.execute("SET SESSION sql_mode = DEFAULT")
+    app_conn.commit()
+    run_until_applied(sync, lambda: spark.table("lakehouse.dim_db.fk_parent").where("id = 2").count() == 0)
+    run_until_swapped(sync)
+    catch_up(sync)
+
+    assert sync.errors == []
+    for name in FK_TABLES:
+        columns = fk_columns(app_conn, name)
+        expected = mysql_rows(app_conn, name, columns)
+        assert iceberg_rows(spark, f"lakehouse.dim_db.{name}", columns) == expected, name
+    assert sum(mysql_rows(app_conn, "fk_grandchild", ["id"]).values()) == 40  # 8 went with 4 children
 
 
 def test_values_the_source_rewrote_are_re_snapshotted_even_when_the_job_stops_mid_copy(

@@ -2323,9 +2323,12 @@ FK_TABLES = {  # parent first; every referential action InnoDB applies without r
 }
 
 
+FK_LATE_CHILD = "fk_late"  # a cascading child some tests create while the job runs
+
+
 def fk_schema(conn, spark) -> None:
     with conn.cursor() as cur:
-        for name in reversed(FK_TABLES):
+        for name in [FK_LATE_CHILD, *reversed(FK_TABLES)]:
             cur.execute(f"DROP TABLE IF EXISTS {name}")
         for name, columns in FK_TABLES.items():
             cur.execute(f"CREATE TABLE {name} ({columns}) ENGINE=InnoDB")
@@ -2336,7 +2339,7 @@ def fk_schema(conn, spark) -> None:
         cur.execute("INSERT INTO fk_staff VALUES (1, NULL)")
         cur.executemany("INSERT INTO fk_staff VALUES (%s, %s)", [(s, s // 2) for s in range(2, 32)])
     conn.commit()
-    for name in FK_TABLES:
+    for name in [*FK_TABLES, FK_LATE_CHILD]:
         spark.sql(f"DROP TABLE IF EXISTS lakehouse.dim_db.{name}")
 
 

@@ -110,6 +110,9 @@ class BesideStream:
         self.error: str | None = None
         self.began = began if began is not None else time.monotonic()  # requested
         self._held: list[tuple[BinlogPosition, list[RowChange]]] = []
+        # While it is built: the parents' referenced values whose changes cascaded (no row events) to
+        # rows a chunk may have read before; found in the built copy (`sync.py`), then emptied.
+        self.cascade_seeds: list[tuple[object, set[tuple], set[tuple]]] = []  # (foreign key, old, new)
         self._cancelled = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -584,6 +584,29 @@ class CdcSync(StreamingJob):
             if applies_live
             else f"; the lake table waits for the copy{f' (it was stopped: {was})' if was else ''}",
         )
+        if not applies_live:
+            self._resync_descendants(state)
+
+    def _resync_descendants(self, state: TableState) -> None:
+        """While a table waits for its copy, the rows its parents' changes cascade to are found in the
+        copy once built (`_cascade_into_copy`), too late for its own cascading children, whose rows
+        are found through them: each is re-snapshotted after it (resyncs run in request order)."""
+        descendants, todo = [state.spec.source_key], [state.spec.source_key]
+        while todo:
+            parent = todo.pop()
+            for fk in self.foreign_keys:
+                known = fk.child in self.tables and fk.child not in descendants
+                if fk.cascades and fk.parent == parent and known:
+                    descendants.append(fk.child)
+                    todo.append(fk.child)
+        for child in [self.tables[key] for key in descendants[1:]]:
+            if child.applies and child.resync is None:
+                self._request_resync(
+                    child,
+                    f"{state.spec.source}, whose changes cascade to it, waits for a copy: the rows they "
+                    "cascade to meanwhile are read after it",
+                    applies_live=True,
+                )
 
     def _build_beside(self, spec: TableSpec, cancelled, on_position, resume: bool) -> snapshot.BuiltSnapshot:
         """In the resync's thread: the staging table with the source's rows at B."""
@@ -661,6 +684,7 @@ class CdcSync(StreamingJob):
     def _step_resync(self, state: TableState) -> None:
         beside = state.resync
         if beside.phase is Phase.BUILT:
+            self._cascade_into_copy(state)
             merged = beside.catch_up()
             log.info(
                 "%s: copy built (%s rows at %s, %.0f s); %d held changes merged up to %s; verifying it "
@@ -950,7 +974,11 @@ class CdcSync(StreamingJob):
             found: dict[tuple[str, str], list[RowChange]] = {}
             for fk in self.foreign_keys:
                 child = self.tables.get(fk.child)
-                if not fk.cascades or child is None or self._cascade_table(child) is None:
+                if not fk.cascades or child is None:
+                    continue
+                if child.live and child.resync is not None and child.resync.built is None:
+                    self._seed_copy(child.resync, fk, transactions, upstream)
+                if self._cascade_table(child) is None:
                     continue
                 since = child.position if child.applies else child.resync.held_after
                 if since.order >= end.order:
@@ -987,10 +1015,60 @@ class CdcSync(StreamingJob):
         return cascaded
 
     @staticmethod
+    def _seed_copy(
+        beside: BesideStream,
+        fk: foreign_keys.ForeignKey,
+        transactions: list[Transaction],
+        upstream: dict[tuple[str, str], list[RowChange]] | None,
+    ) -> None:
+        """A copy being built read each chunk at some moment after its B: a parent's change after B
+        may have cascaded to rows a chunk read before it. Its referenced values are kept, and the
+        rows under them found in the copy once it is built (`_cascade_into_copy`)."""
+        if upstream is None:
+            since = beside.held_after
+            parent_changes = [c for tx in transactions if tx.end.order > since.order
+                              for c in tx.changes.get(fk.parent, ())]  # fmt: skip
+        else:
+            parent_changes = upstream.get(fk.parent, [])
+        old, new = foreign_keys.cascade_values(fk, parent_changes)
+        if old or new:
+            beside.cascade_seeds.append((fk, old, new))
+
+    def _cascade_into_copy(self, state: TableState) -> None:
+        """Before a built copy is caught up: the rows its parents' changes cascaded to while it was
+        built (`_seed_copy`), as the source has them now, held for it after every change held so far,
+        then what they cascade to within the table itself (a table referencing itself)."""
+        beside = state.resync
+        level, beside.cascade_seeds = beside.cascade_seeds, []
+        staging, found_all, seen = beside.built.staging, [], set()
+        for _ in range(16):  # InnoDB stops at 15 levels
+            found = []
+            for fk, old, new in level:
+                in_batch = beside.unmerged() + found_all + found
+                found += [
+                    c for c in self._children_now(state, fk, old, new, in_batch, staging) if c.key not in seen
+                ]
+                seen.update(c.key for c in found)
+            if not found:
+                break
+            found_all += found
+            level = [
+                (fk, *foreign_keys.cascade_values(fk, found))
+                for fk in self.foreign_keys
+                if fk.cascades and fk.parent == fk.child == state.spec.source_key
+            ]
+        if found_all:
+            beside.hold(beside.seen_until or beside.built.progress.position, found_all)
+            log.info(
+                "%s: %d rows of the copy as its parents' changes cascaded them while it was built",
+                state.spec.target, len(found_all),
+            )  # fmt: skip
+
+    @staticmethod
     def _cascade_table(child: TableState) -> str | None:
         """Where a child's rows are, to find those its parents' changes cascaded to: its lake table,
         or, while that waits for a copy, the built copy (held for it like its own changes). None:
-        neither (a copy still being built misses the cascade; its verification finds it)."""
+        neither (a copy still being built: `_seed_copy`)."""
         if child.applies:
             return child.spec.target
         if child.live and child.resync is not None and child.resync.built is not None:
@@ -1004,6 +1082,7 @@ class CdcSync(StreamingJob):
         old: set[tuple],
         new: set[tuple],
         in_batch: list[RowChange],
+        table: str | None = None,
     ) -> list[RowChange]:
         """The child rows under the parents' old referenced values (in the lake, or changed in this
         batch), each as the source has it now (an upsert; a delete when the source no longer has the
@@ -1024,7 +1103,7 @@ class CdcSync(StreamingJob):
                 terms = [reduce(lambda a, b: a & b, (c == F.lit(x) for c, x in zip(columns, v, strict=True)))
                          for v in chunk]  # fmt: skip
                 condition = reduce(lambda a, b: a | b, terms)
-            for row in self.spark.table(self._cascade_table(child)).where(condition).collect():
+            for row in self.spark.table(table or self._cascade_table(child)).where(condition).collect():
                 values = foreign_keys.as_binlog_values(row.asDict())
                 candidates[foreign_keys.key_text(values, child.key)] = values
         for change in in_batch:  # inserted or moved under an old value in this same batch
