@@ -10,6 +10,7 @@ import random
 import signal
 import struct
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -638,9 +639,18 @@ def record_chunk_starts(monkeypatch) -> list[tuple]:
     return starts
 
 
+# The CLI of the code on PYTHONPATH (a release's tree), as its `lakehouse` entry point runs it.
+RUN_CLI = "from lakehouse.cli import main; main()"
+
+
+@pytest.mark.parametrize("killed", ["this version", "the last release"])
 def test_kill_9_mid_snapshot_resumes_after_the_last_chunk_committed(
-    spark, app_conn, local_stack, secrets, make_sync, monkeypatch
+    spark, app_conn, local_stack, secrets, make_sync, monkeypatch, request, killed
 ) -> None:
+    """Killed -9 at its third snapshot commit, the job left a staging table with its progress; the
+    next start resumes after the last committed chunk. Killed as the last release's code, it is an
+    upgrade in place (the cluster replaced mid-snapshot): this version reads that release's staging
+    table and progress (issue 47)."""
     from jobs.cdc import snapshot
     from lakehouse.local.mariadb import APP_USER
 
@@ -661,12 +671,16 @@ def test_kill_9_mid_snapshot_resumes_after_the_last_chunk_committed(
     writer = threading.Thread(target=churn)
     writer.start()
     try:
-        job = subprocess.run(
-            [LAKEHOUSE_BIN, "run", "cdc", "--until-idle", "--table", pair, "--server-id", "5098",
-             "--snapshot-chunk-rows", "1000", "--snapshot-commit-rows", "2000"],
-            env={**os.environ, "LAKEHOUSE_CRASH_AT": "cdc.snapshot-commit:3"},
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        arguments = ["run", "cdc", "--until-idle", "--table", pair, "--server-id", "5098",
+                     "--snapshot-chunk-rows", "1000", "--snapshot-commit-rows", "2000"]  # fmt: skip
+        env = {**os.environ, "LAKEHOUSE_CRASH_AT": "cdc.snapshot-commit:3"}
+        if killed == "this version":
+            command, cwd = [LAKEHOUSE_BIN, *arguments], None
+        else:
+            code = request.getfixturevalue("last_release")
+            command, cwd = [sys.executable, "-c", RUN_CLI, *arguments], code
+            env["PYTHONPATH"] = str(code)
+        job = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
         assert job.returncode == -signal.SIGKILL, job.stderr[-3000:]
         # The job's reader process goes with it (it was reading ahead when the job died).
         deadline = time.monotonic() + 15
@@ -2447,6 +2461,15 @@ def test_a_child_whose_cascading_parent_is_not_synced_stops_with_the_reason(
     assert sum("user_db.fk_parent too, or --exclude" in e for e in sync.errors) == 2
     assert any("user_db.fk_child too, or --exclude user_db.fk_grandchild" in e for e in sync.errors)
     assert not sync.tables[("user_db", "fk_staff")].error  # its cascade is its own: followed
+    # A parent the selection takes but cannot sync (here its target is another table's): a resync of
+    # both cannot work, and the children's line must not send the user there (found by review).
+    clash = make_sync("user_db.fk_staff=dim_db.fk_parent", include=("user_db.fk_*",))
+    assert "already syncs to lakehouse.dim_db.fk_parent" in clash.tables[("user_db", "fk_parent")].error
+    children = [
+        e for e in clash.errors if e.startswith(("lakehouse.dim_db.fk_child", "lakehouse.dim_db.fk_orphan"))
+    ]
+    assert len(children) == 2 and all("the parent cannot be synced" in e for e in children), children
+    assert not any("--resync" in e for e in children), children
 
 
 def test_a_child_whose_parent_is_made_again_names_the_resync_of_both(spark, app_conn, make_sync) -> None:

@@ -112,7 +112,8 @@ class BesideStream:
         self._held: list[tuple[BinlogPosition, list[RowChange]]] = []
         # While it is built: the parents' referenced values whose changes cascaded (no row events) to
         # rows a chunk may have read before; found in the built copy (`sync.py`), then emptied.
-        self.cascade_seeds: list[tuple[object, set[tuple], set[tuple]]] = []  # (foreign key, old, new)
+        # (batch end, foreign key, old values, new values)
+        self.cascade_seeds: list[tuple[BinlogPosition, object, set[tuple], set[tuple]]] = []
         self._cancelled = threading.Event()
         self._thread: threading.Thread | None = None
 

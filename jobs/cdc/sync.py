@@ -96,6 +96,7 @@ class TableState:
     source_columns: dict[str, SourceColumn] = field(default_factory=dict)
     columns_exact: bool = False
     awaits_key: bool = False  # stopped for want of a primary key: synced once the source has one
+    unsyncable: bool = False  # its name, or its target, cannot be synced (`_unsyncable`); for good
     # The source table was dropped (where in the binlog, or "while the job was stopped"): the lake
     # table keeps its rows, marked; not an error, nothing more to sync.
     dropped: str | None = None
@@ -261,6 +262,9 @@ class CdcSync(StreamingJob):
                 BinlogPosition(*source_db.master_position(conn)) if self.selection.dynamic or beside else None
             )
             self._refresh_foreign_keys(conn)
+            for state in beside:  # read now: the children of a table that waits for its copy
+                if state.resync is not None and not state.resync.applies_live:
+                    self._resync_descendants(state)
         finally:
             conn.close()
         active = [t for t in self.tables.values() if t.live]
@@ -357,7 +361,7 @@ class CdcSync(StreamingJob):
         return spec
 
     def _unsyncable(self, spec: TableSpec, message: str) -> TableState:
-        state = TableState(spec, (), [], BinlogPosition("", 0))
+        state = TableState(spec, (), [], BinlogPosition("", 0), unsyncable=True)
         self.tables[spec.source_key] = state
         self._stop_table(state, message)
         return state
@@ -535,10 +539,12 @@ class CdcSync(StreamingJob):
         applies_live: bool | None = None,
         conn: pymysql.Connection | None = None,
         hold_from: BinlogPosition | None = None,
+        descendants: bool = True,
     ) -> None:
         """Re-snapshot `state`'s table beside the stream; one already under way starts again.
         `applies_live` (default: whether it applies now): the live table goes on receiving changes.
-        `hold_from`: the B of an interrupted copy it may resume (default: the source's binlog end)."""
+        `hold_from`: the B of an interrupted copy it may resume (default: the source's binlog end).
+        `descendants`: a table that waits for its copy has its cascading children copied after it."""
         spec = state.spec
         applies_live = state.applies if applies_live is None else applies_live
         self._call_off(state)
@@ -584,13 +590,14 @@ class CdcSync(StreamingJob):
             if applies_live
             else f"; the lake table waits for the copy{f' (it was stopped: {was})' if was else ''}",
         )
-        if not applies_live:
+        if not applies_live and descendants:
             self._resync_descendants(state)
 
     def _resync_descendants(self, state: TableState) -> None:
         """While a table waits for its copy, the rows its parents' changes cascade to are found in the
         copy once built (`_cascade_into_copy`), too late for its own cascading children, whose rows
-        are found through them: each is re-snapshotted after it (resyncs run in request order)."""
+        are found through them: each is re-snapshotted after it (resyncs run in request order; one
+        requested before it is requested again), to any depth."""
         descendants, todo = [state.spec.source_key], [state.spec.source_key]
         while todo:
             parent = todo.pop()
@@ -600,13 +607,14 @@ class CdcSync(StreamingJob):
                     descendants.append(fk.child)
                     todo.append(fk.child)
         for child in [self.tables[key] for key in descendants[1:]]:
-            if child.applies and child.resync is None:
-                self._request_resync(
-                    child,
-                    f"{state.spec.source}, whose changes cascade to it, waits for a copy: the rows they "
-                    "cascade to meanwhile are read after it",
-                    applies_live=True,
-                )
+            if not child.live:
+                continue
+            if child.resync is None and child.applies:
+                why = (f"{state.spec.source}, whose changes cascade to it, waits for a copy: the rows they "
+                       "cascade to meanwhile are read after it")  # fmt: skip
+                self._request_resync(child, why, applies_live=True, descendants=False)
+            elif child.resync is not None and child.resync.began <= state.resync.began:
+                self._request_resync(child, child.resync.why, child.resync.applies_live, descendants=False)
 
     def _build_beside(self, spec: TableSpec, cancelled, on_position, resume: bool) -> snapshot.BuiltSnapshot:
         """In the resync's thread: the staging table with the source's rows at B."""
@@ -921,6 +929,14 @@ class CdcSync(StreamingJob):
                 return
             for child, fk in unfollowed.items():
                 parent, names = self.tables.get(fk.parent), (".".join(fk.parent), ".".join(child))
+                if parent is not None and parent.unsyncable:
+                    self._stop_table(
+                        self.tables[child],
+                        f"its foreign key {fk.describe()}: the parent cannot be synced (its own line says "
+                        f"why), so the rows its changes cascade to would never reach the lake; make "
+                        f"{names[0]} syncable first, or --exclude {names[1]}",
+                    )
+                    continue
                 # A parent selected, dropped or stopped for a reason of its own (a reload drops and
                 # makes it again): a resync of both cures it; not one stopped for its own parent.
                 if parent is not None and "its foreign key" not in (parent.error or ""):
@@ -976,8 +992,8 @@ class CdcSync(StreamingJob):
                 child = self.tables.get(fk.child)
                 if not fk.cascades or child is None:
                     continue
-                if child.live and child.resync is not None and child.resync.built is None:
-                    self._seed_copy(child.resync, fk, transactions, upstream)
+                if child.live and child.resync is not None and child.resync.phase is Phase.BUILDING:
+                    self._seed_copy(child.resync, fk, transactions, upstream, end)
                 if self._cascade_table(child) is None:
                     continue
                 since = child.position if child.applies else child.resync.held_after
@@ -1020,10 +1036,12 @@ class CdcSync(StreamingJob):
         fk: foreign_keys.ForeignKey,
         transactions: list[Transaction],
         upstream: dict[tuple[str, str], list[RowChange]] | None,
+        end: BinlogPosition,
     ) -> None:
         """A copy being built read each chunk at some moment after its B: a parent's change after B
-        may have cascaded to rows a chunk read before it. Its referenced values are kept, and the
-        rows under them found in the copy once it is built (`_cascade_into_copy`)."""
+        may have cascaded to rows a chunk read before it. Its referenced values are kept with the
+        batch's end, and the rows under them found in the copy once it is built
+        (`_cascade_into_copy`). A copy still queued reads every row later: nothing to keep."""
         if upstream is None:
             since = beside.held_after
             parent_changes = [c for tx in transactions if tx.end.order > since.order
@@ -1032,22 +1050,32 @@ class CdcSync(StreamingJob):
             parent_changes = upstream.get(fk.parent, [])
         old, new = foreign_keys.cascade_values(fk, parent_changes)
         if old or new:
-            beside.cascade_seeds.append((fk, old, new))
+            beside.cascade_seeds.append((end, fk, old, new))
 
     def _cascade_into_copy(self, state: TableState) -> None:
         """Before a built copy is caught up: the rows its parents' changes cascaded to while it was
         built (`_seed_copy`), as the source has them now, held for it after every change held so far,
         then what they cascade to within the table itself (a table referencing itself)."""
         beside = state.resync
-        level, beside.cascade_seeds = beside.cascade_seeds, []
+        seeds, beside.cascade_seeds = beside.cascade_seeds, []
+        level = {}  # one read per foreign key: every batch's values after B together
+        for end, fk, old, new in seeds:
+            if end.order > beside.built.progress.position.order:
+                values = level.setdefault(fk, (set(), set()))
+                values[0].update(old)
+                values[1].update(new)
+        level = [(fk, old, new) for fk, (old, new) in level.items()]
         staging, found_all, seen = beside.built.staging, [], set()
         for _ in range(16):  # InnoDB stops at 15 levels
             found = []
+            held = beside.unmerged()
             for fk, old, new in level:
-                in_batch = beside.unmerged() + found_all + found
-                found += [
-                    c for c in self._children_now(state, fk, old, new, in_batch, staging) if c.key not in seen
-                ]
+                try:
+                    now = self._children_now(state, fk, old, new, held + found_all + found, staging)
+                except source_db.MissingTable:  # dropped since: as any copy of a table that went
+                    log.warning("%s: gone from the source while its copy was built", state.spec.target)
+                    return
+                found += [c for c in now if c.key not in seen]
                 seen.update(c.key for c in found)
             if not found:
                 break
@@ -1328,6 +1356,7 @@ class CdcSync(StreamingJob):
             state.resync.lake_position = state.position  # what this job stored last
             log.warning("%s: %s; the lake table waits for the copy re-snapshotted beside the stream",
                         state.spec.target, why)  # fmt: skip
+            self._resync_descendants(state)
 
     def _evolve(self, state: TableState, ddl: DdlEvent, statement: str) -> None:
         """Column changes, per the `--schema-changes` policy (`schema_policy.py`)."""
