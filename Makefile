@@ -80,10 +80,12 @@ test-fast: setup
 
 # The CDC fuzzer for longer (tests/cdc_fuzz.py): fresh random sequences each run; `make test` runs a
 # bounded, derandomized few. FUZZ_EXAMPLES sequences of up to FUZZ_STEPS steps.
+# FUZZ_KILLS: kills -9 of the job run as a process of its own, per sequence (a JVM start each).
 FUZZ_EXAMPLES ?= 40
 FUZZ_STEPS ?= 25
+FUZZ_KILLS ?= 1
 fuzz: setup ## Fuzz CDC against MariaDB (prints statements per kind and tables stopped per reason)
-	CDC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) CDC_FUZZ_STEPS=$(FUZZ_STEPS) $(PY) -m pytest -s tests/test_cdc_fuzz.py $(PYTEST_ARGS)
+	CDC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) CDC_FUZZ_STEPS=$(FUZZ_STEPS) CDC_FUZZ_KILLS=$(FUZZ_KILLS) $(PY) -m pytest -s tests/test_cdc_fuzz.py $(PYTEST_ARGS)
 
 bench: setup ## Benchmarks; prints tables, writes bench/results/*.json and bench/results/RESULTS.md (date, machine)
 	$(PY) -m bench

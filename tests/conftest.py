@@ -89,6 +89,24 @@ def _fast_tests_start_nothing(request: pytest.FixtureRequest, monkeypatch: pytes
 
 
 @pytest.fixture(scope="session")
+def last_release(tmp_path_factory: pytest.TempPathFactory):
+    """The last release's tree (the commit of the release baseline, from git): its code runs with
+    `PYTHONPATH` set to it, before the editable install's path to this checkout."""
+    import subprocess
+    import sys
+
+    from lakehouse.release import current_baseline, extract_tree, resolve_commit
+
+    tree = extract_tree(resolve_commit(current_baseline().commit), tmp_path_factory.mktemp("last-release"))
+    probe = subprocess.run(
+        [sys.executable, "-c", "import jobs; print(jobs.__file__)"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert probe.stdout.strip() == str(tree / "jobs" / "__init__.py"), probe.stdout
+    return tree
+
+
+@pytest.fixture(scope="session")
 def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     from lakehouse.local.settings import StackSettings
 

@@ -4,11 +4,16 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import threading
+import time
 
 import cdc_fuzz
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
+from support import LAKEHOUSE_BIN, REPO
 from test_cdc_sync import catch_up, fresh_source_database
 
 from jobs.cdc.sync import CdcSync
@@ -17,6 +22,47 @@ from jobs.cdc.table_selection import TableSelection
 EXAMPLES = int(os.environ.get("CDC_FUZZ_EXAMPLES", "4"))
 STEPS = int(os.environ.get("CDC_FUZZ_STEPS", "16"))
 FUZZING = "CDC_FUZZ_EXAMPLES" in os.environ  # `make fuzz`: fresh randomness, every run different
+# Kills -9 of the job run as a process, per sequence (each costs a JVM start: `make fuzz` only).
+KILLS = int(os.environ.get("CDC_FUZZ_KILLS", "0"))
+
+
+def run_killed(server_id: int, when: str, seconds: float) -> str:
+    """`lakehouse run cdc` over the fuzzer's database, killed -9 4 + 4 x `seconds` after it started
+    (`when` "starting": its JVM, the snapshots of new tables) or `seconds` after its first batch
+    ("applying": after the MERGE warm-ups; if no batch came within 2 minutes, then); says where."""
+    job = subprocess.Popen(
+        [LAKEHOUSE_BIN, "run", "cdc", "--include", f"{cdc_fuzz.DATABASE}.*", "--server-id", str(server_id),
+         "--trigger-seconds", "0.5"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    applying = threading.Event()
+
+    def read() -> None:
+        for line in job.stderr:
+            lines.append(line.rstrip())
+            if "cdc batch:" in line:
+                applying.set()
+
+    def tail() -> str:
+        return "\n".join(lines[-30:])
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        if when == "applying":
+            deadline = time.monotonic() + 120
+            while not applying.wait(0.5) and time.monotonic() < deadline:
+                assert job.poll() is None, "the job ended by itself:\n" + tail()
+        time.sleep(seconds if when == "applying" else 4 + 4 * seconds)  # its JVM starts in about 8 s
+        assert job.poll() is None, "the job ended by itself:\n" + tail()
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait(60)
+        reader.join(10)
+    where = "after its first batch" if applying.is_set() else "before any batch"
+    return f"killed {where}; its last line: {lines[-1][:160]}" if lines else "killed before it logged"
 
 
 @pytest.mark.stack
@@ -37,7 +83,7 @@ def test_cdc_keeps_every_table_equal_to_its_source_or_says_why(spark, lake_confi
         ).start()
 
     fresh_source_database(local_stack, cdc_fuzz.DATABASE)  # the grants outlive its DROP DATABASE
-    machine = cdc_fuzz.cdc_machine(spark, lake_config, connect_app, catch_up, make_sync)
+    machine = cdc_fuzz.cdc_machine(spark, lake_config, connect_app, catch_up, make_sync, run_killed, KILLS)
     cdc_fuzz.STATEMENTS.clear()
     cdc_fuzz.STOPPED.clear()
     try:
@@ -55,7 +101,7 @@ def test_cdc_keeps_every_table_equal_to_its_source_or_says_why(spark, lake_confi
         )
     finally:
         local_stack.mariadb.admin_sql(f"DROP DATABASE IF EXISTS {cdc_fuzz.DATABASE}")
-        not_statements = ("quiet", "restart", "--resync", "crash")
+        not_statements = ("quiet", "restart", "--resync", "crash", "kill -9")
         statements = sum(n for k, n in cdc_fuzz.STATEMENTS.items() if not k.startswith(not_statements))
         print(f"\ncdc fuzz: {EXAMPLES} sequences of up to {STEPS} steps, {statements} statements")
         for kind, count in sorted(cdc_fuzz.STATEMENTS.items()):

@@ -299,20 +299,6 @@ def test_mariadb_down_leaves_ingest_and_views_committing_and_cdc_catches_up(stac
     assert_lake_equals_sources(stack)
 
 
-@pytest.fixture(scope="module")
-def last_release(tmp_path_factory) -> Path:
-    """The last release's tree (the commit of the release baseline, from git)."""
-    from lakehouse.release import current_baseline, extract_tree, resolve_commit
-
-    tree = extract_tree(resolve_commit(current_baseline().commit), tmp_path_factory.mktemp("last-release"))
-    probe = subprocess.run(
-        [sys.executable, "-c", "import jobs; print(jobs.__file__)"],
-        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert probe.stdout.strip() == str(tree / "jobs" / "__init__.py"), probe.stdout
-    return tree
-
-
 def replace_the_cluster(stack: Stack, last_release: Path) -> tuple[subprocess.Popen, dict]:
     """A cluster replacement whose old cluster outlives the new one's start: the last release's
     application runs and commits; this version's starts beside it and must start no job while the
