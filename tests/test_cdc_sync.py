@@ -2405,7 +2405,7 @@ def test_a_cascading_child_dropped_before_its_cascade_was_read_is_kept_as_of_its
     tables = {"fkd_parent": "id INT PRIMARY KEY, name VARCHAR(20)"} | {
         child: "id INT PRIMARY KEY, parent_id INT, FOREIGN KEY (parent_id) REFERENCES fkd_parent(id) "
         "ON DELETE CASCADE"
-        for child in ("fkd_running", "fkd_stopped")
+        for child in ("fkd_running", "fkd_stopped", "fkd_later")
     }
     with app_conn.cursor() as cur:
         for name in reversed(tables):
@@ -2414,7 +2414,7 @@ def test_a_cascading_child_dropped_before_its_cascade_was_read_is_kept_as_of_its
             cur.execute(f"CREATE TABLE {name} ({columns}) ENGINE=InnoDB")
             spark.sql(f"DROP TABLE IF EXISTS lakehouse.dim_db.{name}")
         cur.executemany("INSERT INTO fkd_parent VALUES (%s, 'p')", [(p,) for p in range(1, 5)])
-        for child in ("fkd_running", "fkd_stopped"):
+        for child in ("fkd_running", "fkd_stopped", "fkd_later"):
             cur.executemany(f"INSERT INTO {child} VALUES (%s, %s)", [(c, c % 4 + 1) for c in range(1, 13)])
     app_conn.commit()
     sync = make_sync(include=("user_db.fkd_*",))
@@ -2432,6 +2432,19 @@ def test_a_cascading_child_dropped_before_its_cascade_was_read_is_kept_as_of_its
     assert sync.errors == []
     assert "cascaded to could be read" in source_dropped(spark, lake["fkd_running"])
     assert iceberg_rows(spark, lake["fkd_running"], ["id", "parent_id"]) == kept  # as of its position
+    # Any DDL read before the parent's change makes the job read the foreign keys again, from a
+    # source the child is gone from: its key left the list, the delete did not cascade to it, and
+    # its DROP marked it as of the DROP, claiming rows it does not hold (found by the CDC fuzzer).
+    kept = iceberg_rows(spark, lake["fkd_later"], ["id", "parent_id"])
+    with app_conn.cursor() as cur:
+        cur.execute("ALTER TABLE fkd_parent ADD COLUMN note INT")
+        cur.execute("DELETE FROM fkd_parent WHERE id = 3")
+        cur.execute("DROP TABLE fkd_later")
+    app_conn.commit()
+    catch_up(sync)
+    assert sync.errors == []
+    assert "cascaded to could be read" in source_dropped(spark, lake["fkd_later"])
+    assert iceberg_rows(spark, lake["fkd_later"], ["id", "parent_id"]) == kept
     sync.close()
 
     stopped = iceberg_rows(spark, lake["fkd_stopped"], ["id", "parent_id"])

@@ -917,7 +917,19 @@ class CdcSync(StreamingJob):
         own = conn is None
         conn = conn or self._connect()
         try:
-            self.foreign_keys = foreign_keys.read_foreign_keys(conn, schemas)
+            read = foreign_keys.read_foreign_keys(conn, schemas)
+            # A child gone from the source whose DROP is still ahead in the binlog: the source forgot
+            # its keys, and its parents' changes before the DROP still cascade to it.
+            children = {fk.child for fk in read}
+            ahead = [
+                fk
+                for fk in self.foreign_keys
+                if fk.child not in children
+                and self.tables.get(fk.child) is not None
+                and self.tables[fk.child].live
+                and not source_db.table_exists(conn, *fk.child)
+            ]
+            self.foreign_keys = read + ahead
         finally:
             if own:
                 conn.close()
