@@ -71,8 +71,9 @@ $(CDK): package.json package-lock.json
 demo: setup ## Run the pipeline end to end on the embedded local stack
 	$(VENV)/bin/lakehouse demo --seconds $(DEMO_SECONDS)
 
+# Two groups at once, the stack tests and the others (scripts/run_tests.py); TEST_GROUPS=1: one run.
 test: setup ## Run the whole test suite (starts its own stack on other ports)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) scripts/run_tests.py $(PYTEST_ARGS)
 
 # No server, no Spark session, no CDK synth: the pure logic, in about a minute.
 test-fast: setup
