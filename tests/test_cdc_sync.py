@@ -2405,16 +2405,16 @@ def test_a_cascading_child_dropped_before_its_cascade_was_read_is_kept_as_of_its
     tables = {"fkd_parent": "id INT PRIMARY KEY, name VARCHAR(20)"} | {
         child: "id INT PRIMARY KEY, parent_id INT, FOREIGN KEY (parent_id) REFERENCES fkd_parent(id) "
         "ON DELETE CASCADE"
-        for child in ("fkd_running", "fkd_stopped", "fkd_later")
+        for child in ("fkd_running", "fkd_stopped", "fkd_later", "fkd_last")
     }
     with app_conn.cursor() as cur:
-        for name in reversed(tables):
+        for name in [*reversed(tables), "fkd_parent2"]:
             cur.execute(f"DROP TABLE IF EXISTS {name}")
+            spark.sql(f"DROP TABLE IF EXISTS lakehouse.dim_db.{name}")
         for name, columns in tables.items():
             cur.execute(f"CREATE TABLE {name} ({columns}) ENGINE=InnoDB")
-            spark.sql(f"DROP TABLE IF EXISTS lakehouse.dim_db.{name}")
         cur.executemany("INSERT INTO fkd_parent VALUES (%s, 'p')", [(p,) for p in range(1, 5)])
-        for child in ("fkd_running", "fkd_stopped", "fkd_later"):
+        for child in ("fkd_running", "fkd_stopped", "fkd_later", "fkd_last"):
             cur.executemany(f"INSERT INTO {child} VALUES (%s, %s)", [(c, c % 4 + 1) for c in range(1, 13)])
     app_conn.commit()
     sync = make_sync(include=("user_db.fkd_*",))
@@ -2458,6 +2458,17 @@ def test_a_cascading_child_dropped_before_its_cascade_was_read_is_kept_as_of_its
     assert source_dropped(spark, lake["fkd_stopped"]).endswith("(while the job was stopped)")
     assert iceberg_rows(spark, lake["fkd_stopped"], ["id", "parent_id"]) == stopped
     assert_converged(spark, app_conn, "fkd_parent", ["id", "name"])
+    # The parent renamed away, then the child dropped: kept as of its position, the job goes on (the
+    # kept key pointed at the renamed parent, and the child was stopped with a resync it cannot take).
+    kept = iceberg_rows(spark, lake["fkd_last"], ["id", "parent_id"])
+    with app_conn.cursor() as cur:
+        cur.execute("RENAME TABLE fkd_parent TO fkd_parent2")
+        cur.execute("DROP TABLE fkd_last")
+    app_conn.commit()
+    catch_up(sync)
+    assert sync.errors == []
+    assert "cascaded to could be read" in source_dropped(spark, lake["fkd_last"])
+    assert iceberg_rows(spark, lake["fkd_last"], ["id", "parent_id"]) == kept
 
 
 def test_a_child_whose_cascading_parent_is_not_synced_stops_with_the_reason(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -30,40 +31,55 @@ def test_the_two_marker_expressions_split_every_test_once():
         assert in_stack != in_others, marks
 
 
-@pytest.mark.parametrize(
-    ("stack", "others", "expected"),
-    [(0, 0, 0), (0, 5, 0), (5, 0, 0), (1, 0, 1), (0, 1, 1), (2, 1, 2), (0, 2, 2)],
-)
-def test_the_exit_status_fails_when_either_group_fails(monkeypatch, tmp_path, stack, others, expected):
+@pytest.fixture
+def fake_pytest(monkeypatch, tmp_path):
+    """The runner with its pytest runs replaced: `codes` says what each group exits with."""
     runner = load_runner()
+    monkeypatch.setattr(runner, "REPO", tmp_path)
     monkeypatch.setattr(runner, "LOG", tmp_path / "others.log")
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # this test process keeps its own
     calls: list[list[str]] = []
+    codes = {"stack": 0, "others": 0}
 
-    class Others:
-        def __init__(self, command, **kwargs):
+    class Run:
+        def __init__(self, command, stdout=None, **kwargs):
             calls.append(command)
-            kwargs["stdout"].write("others' output\n")
+            self.group = "others" if runner.OTHERS in command else "stack"
+            if stdout is not None:
+                stdout.write(f"{self.group}'s output\n")
 
         def wait(self):
-            return others
+            return codes[self.group]
 
-    def call(command, **kwargs):
-        calls.append(command)
-        return stack
+        def poll(self):
+            return codes[self.group]
 
-    monkeypatch.setattr(subprocess, "Popen", Others)
-    monkeypatch.setattr(subprocess, "call", call)
-    monkeypatch.setattr(runner, "REPO", tmp_path)
+    monkeypatch.setattr(subprocess, "Popen", Run)
+    return runner, calls, codes
+
+
+@pytest.mark.parametrize(
+    ("stack", "others", "expected"),
+    [(0, 0, 0), (0, 5, 0), (5, 0, 0), (5, 5, 5), (1, 0, 1), (0, 1, 1), (2, 1, 2), (0, 2, 2), (5, 1, 1)],
+)
+def test_the_exit_status_fails_when_either_group_fails(fake_pytest, capsys, stack, others, expected):
+    runner, calls, codes = fake_pytest
+    codes.update(stack=stack, others=others)
     assert runner.main(["-x"]) == expected
+    python = [sys.executable, "-m", "pytest"]
     assert calls == [
-        [sys.executable, "-m", "pytest", "-m", runner.OTHERS, "-x"],
-        [sys.executable, "-m", "pytest", "-m", runner.STACK, "-x"],
+        [*python, "-m", runner.STACK, "-o", "cache_dir=.pytest_cache/stack", "-x"],
+        [*python, "-m", runner.OTHERS, "-o", "cache_dir=.pytest_cache/others", "-x"],
     ]
+    assert "others's output" in capsys.readouterr().out  # the logged group is printed at the end
 
 
-def test_a_selection_by_marker_runs_once(monkeypatch):
-    runner = load_runner()
-    calls = []
-    monkeypatch.setattr(subprocess, "call", lambda command, **kwargs: calls.append(command) or 0)
-    assert runner.main(["-m", "stack", "-k", "cdc"]) == 0
-    assert calls == [[sys.executable, "-m", "pytest", "-m", "stack", "-k", "cdc"]]
+@pytest.mark.parametrize(
+    ("argv", "env"), [(["-m", "stack", "-k", "cdc"], {}), (["-k", "cdc"], {"TEST_GROUPS": "1"})]
+)
+def test_a_selection_by_marker_or_test_groups_1_runs_once(fake_pytest, monkeypatch, argv, env):
+    runner, calls, _ = fake_pytest
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert runner.main(argv) == 0
+    assert calls == [[sys.executable, "-m", "pytest", *argv]]

@@ -198,6 +198,7 @@ class CdcSync(StreamingJob):
         self.credentials = source_db.cdc_credentials(config)
         self.tables: dict[tuple[str, str], TableState] = {}
         self.foreign_keys: list[foreign_keys.ForeignKey] = []  # of the synced tables (cascades)
+        self._gone_children: set[tuple[str, str]] = set()  # kept keys' children, gone from the source
         self._cascaded_from: dict[tuple[str, str], str] = {}  # what each lake table's property says
         self.reader: BinlogReader | None = None
         self.fatal: str | None = None
@@ -607,8 +608,8 @@ class CdcSync(StreamingJob):
                     descendants.append(fk.child)
                     todo.append(fk.child)
         for child in [self.tables[key] for key in descendants[1:]]:
-            if not child.live:
-                continue
+            if not child.live or child.spec.source_key in self._gone_children:
+                continue  # (gone from the source, its DROP ahead: nothing to copy)
             if child.resync is None and child.applies:
                 why = (f"{state.spec.source}, whose changes cascade to it, waits for a copy: the rows they "
                        "cascade to meanwhile are read after it")  # fmt: skip
@@ -930,13 +931,19 @@ class CdcSync(StreamingJob):
                 and not source_db.table_exists(conn, *fk.child)
             ]
             self.foreign_keys = read + ahead
+            self._gone_children = {fk.child for fk in ahead}
         finally:
             if own:
                 conn.close()
         self._mark_cascaded_children()
+        for fk in ahead:  # its parent renamed or stopped meanwhile: what cascades to it is unknown now
+            child, parent = self.tables[fk.child], self.tables.get(fk.parent)
+            if child.live and (parent is None or not parent.live):
+                self._source_dropped(child, f"after {child.position} (gone before the rows its parent's "
+                                     "changes cascaded to could be read)")  # fmt: skip
         while True:  # a stopped child is a parent no longer followed for its own children
             live = {key for key, state in self.tables.items() if state.live}
-            unfollowed = foreign_keys.unfollowed_parents(self.foreign_keys, live)
+            unfollowed = foreign_keys.unfollowed_parents(read, live)  # (kept keys' children: above)
             if not unfollowed:
                 return
             for child, fk in unfollowed.items():
