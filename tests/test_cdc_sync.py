@@ -2420,31 +2420,31 @@ def test_a_cascading_child_dropped_before_its_cascade_was_read_is_kept_as_of_its
     sync = make_sync(include=("user_db.fkd_*",))
     catch_up(sync)
     lake = {name: f"lakehouse.dim_db.{name}" for name in tables}
-    kept = iceberg_rows(spark, lake["fkd_running"], ["id", "parent_id"])
     properties = dict(spark.sql(f"SHOW TBLPROPERTIES {lake['fkd_stopped']}").collect())
     assert properties[CASCADED_FROM_PROPERTY] == "user_db.fkd_parent"
 
-    with app_conn.cursor() as cur:  # while the job runs, neither applied yet
-        cur.execute("DELETE FROM fkd_parent WHERE id = 1")
-        cur.execute("DROP TABLE fkd_running")
-    app_conn.commit()
-    catch_up(sync)
-    assert sync.errors == []
-    assert "cascaded to could be read" in source_dropped(spark, lake["fkd_running"])
-    assert iceberg_rows(spark, lake["fkd_running"], ["id", "parent_id"]) == kept  # as of its position
+    def kept_as_of_its_position(child: str, *statements: str) -> None:
+        """`statements` run while the job runs, none applied yet: `child` keeps its rows, marked."""
+        kept = iceberg_rows(spark, lake[child], ["id", "parent_id"])
+        with app_conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+        app_conn.commit()
+        catch_up(sync)
+        assert sync.errors == []
+        assert "cascaded to could be read" in source_dropped(spark, lake[child])
+        assert iceberg_rows(spark, lake[child], ["id", "parent_id"]) == kept  # as of its position
+
+    kept_as_of_its_position("fkd_running", "DELETE FROM fkd_parent WHERE id = 1", "DROP TABLE fkd_running")
     # Any DDL read before the parent's change makes the job read the foreign keys again, from a
     # source the child is gone from: its key left the list, the delete did not cascade to it, and
     # its DROP marked it as of the DROP, claiming rows it does not hold (found by the CDC fuzzer).
-    kept = iceberg_rows(spark, lake["fkd_later"], ["id", "parent_id"])
-    with app_conn.cursor() as cur:
-        cur.execute("ALTER TABLE fkd_parent ADD COLUMN note INT")
-        cur.execute("DELETE FROM fkd_parent WHERE id = 3")
-        cur.execute("DROP TABLE fkd_later")
-    app_conn.commit()
-    catch_up(sync)
-    assert sync.errors == []
-    assert "cascaded to could be read" in source_dropped(spark, lake["fkd_later"])
-    assert iceberg_rows(spark, lake["fkd_later"], ["id", "parent_id"]) == kept
+    kept_as_of_its_position(
+        "fkd_later",
+        "ALTER TABLE fkd_parent ADD COLUMN note INT",
+        "DELETE FROM fkd_parent WHERE id = 3",
+        "DROP TABLE fkd_later",
+    )
     sync.close()
 
     stopped = iceberg_rows(spark, lake["fkd_stopped"], ["id", "parent_id"])
@@ -2458,17 +2458,9 @@ def test_a_cascading_child_dropped_before_its_cascade_was_read_is_kept_as_of_its
     assert source_dropped(spark, lake["fkd_stopped"]).endswith("(while the job was stopped)")
     assert iceberg_rows(spark, lake["fkd_stopped"], ["id", "parent_id"]) == stopped
     assert_converged(spark, app_conn, "fkd_parent", ["id", "name"])
-    # The parent renamed away, then the child dropped: kept as of its position, the job goes on (the
-    # kept key pointed at the renamed parent, and the child was stopped with a resync it cannot take).
-    kept = iceberg_rows(spark, lake["fkd_last"], ["id", "parent_id"])
-    with app_conn.cursor() as cur:
-        cur.execute("RENAME TABLE fkd_parent TO fkd_parent2")
-        cur.execute("DROP TABLE fkd_last")
-    app_conn.commit()
-    catch_up(sync)
-    assert sync.errors == []
-    assert "cascaded to could be read" in source_dropped(spark, lake["fkd_last"])
-    assert iceberg_rows(spark, lake["fkd_last"], ["id", "parent_id"]) == kept
+    # The parent renamed away, then the child dropped: the kept key points at a parent no longer
+    # followed (the child was stopped with a resync it cannot take).
+    kept_as_of_its_position("fkd_last", "RENAME TABLE fkd_parent TO fkd_parent2", "DROP TABLE fkd_last")
 
 
 def test_a_child_whose_cascading_parent_is_not_synced_stops_with_the_reason(
