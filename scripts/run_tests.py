@@ -3,11 +3,12 @@
 The suite waits on servers, JVMs and subprocesses far more than it computes (in one process: 16
 CPU-minutes over 31 minutes on 2 cores), so two groups share the box well:
 
-- **stack** (`-m "stack and not synth"`): the tests against the embedded stack, one local stack and
-  one Spark session between them; their output streams here;
-- **others** (`-m "not stack or synth"`): CDK synth, both scanners, the EMR package, the rehearsal
-  (on a stack of its own) and the pure logic; logged to `.test-logs/others.log`, printed when both
-  have ended.
+- **stack** (`-m "stack and not synth and not own_stack"`): the tests against the session's stack,
+  one local stack and one Spark session between them; their output streams here;
+- **others** (`-m "not stack or synth or own_stack"`): CDK synth, both scanners, the EMR package,
+  the rehearsal, the tests that bring stacks of their own (the demo, the streaming application's,
+  the local stack's; `own_stack`, tests/conftest.py) and the pure logic; logged to
+  `.test-logs/others.log`, printed when both have ended.
 
 The markers split the suite in two without overlap, and only the second group synthesizes or builds
 `dist/emr`. Arguments go to both pytest runs (`make test PYTEST_ARGS="-k cdc -x"`; each group keeps
@@ -27,7 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LOG = REPO / ".test-logs" / "others.log"
-STACK, OTHERS = "stack and not synth", "not stack or synth"
+STACK, OTHERS = "stack and not synth and not own_stack", "not stack or synth or own_stack"
 NOTHING_SELECTED = 5
 
 

@@ -27,6 +27,9 @@ STACK_FIXTURES = {"local_stack", "private_env"}  # the session's stack; test_loc
 SYNTH_FIXTURES = {"dev", "prod", "parked_dev", "synthesized"}  # tests/infra/conftest.py
 SYNTH_CALLS = ("synthesize(", ".synth()", ".from_stack(")
 SPARK_CALLS = ("build_spark(", "SparkSession.builder")
+# The session's stack and Spark: a stack test using none of them brings its own (`own_stack`), and
+# `make test` runs it beside the session's tests (scripts/run_tests.py).
+SESSION_FIXTURES = {"stack_env", "local_stack", "lake_config", "spark", "pyiceberg_catalog"}
 
 
 def _code(function) -> str:
@@ -54,6 +57,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.stack)
         if (used | reached) & SYNTH_FIXTURES or any(call in code for call in SYNTH_CALLS):
             item.add_marker(pytest.mark.synth)
+        if item.get_closest_marker("stack") and not used & SESSION_FIXTURES:
+            item.add_marker(pytest.mark.own_stack)
 
 
 # What a test without those markers must not start, as (module, class, method, what): each raises

@@ -24,8 +24,8 @@ def load_runner():
 
 def test_the_two_marker_expressions_split_every_test_once():
     runner = load_runner()
-    for stack, synth in itertools.product((False, True), repeat=2):
-        marks = {"stack": stack, "synth": synth}
+    for stack, synth, own_stack in itertools.product((False, True), repeat=3):
+        marks = {"stack": stack, "synth": synth, "own_stack": own_stack}
         in_stack = eval(runner.STACK, {}, marks)  # noqa: S307 - our own constants
         in_others = eval(runner.OTHERS, {}, marks)  # noqa: S307
         assert in_stack != in_others, marks
