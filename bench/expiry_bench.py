@@ -82,6 +82,11 @@ def _measure(stack, commits: int, rows: int, every: int, retain: float) -> list[
                 if i % max(1, commits // 10) == 0:  # before the maintenance due now: the interval's peak
                     snapshots, size = table_stats(spark, lake).snapshots, _metadata_bytes(spark, lake)
                     checkpoints.append((i, snapshots, size, time.monotonic() - began))
+                    print(
+                        f"expiry bench: {i:,}/{commits:,} commits, {snapshots:,} snapshots, "
+                        f"{size / 1024:,.0f} KiB metadata, {time.monotonic() - began:.0f} s",
+                        flush=True,
+                    )
                 if i % every == 0:
                     maintain_table(spark, config, ident, settings)
         sync.close()
