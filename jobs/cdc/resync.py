@@ -179,7 +179,10 @@ class BesideStream:
 
     def hold(self, end: BinlogPosition, changes: list[RowChange]) -> None:
         """The table's changes of the transactions after `held_after` in a batch ending at `end`
-        (or none: the batch was read to `end`)."""
+        (or none: the batch was read to `end`). A fresh copy still queued keeps none: its B is read
+        when it starts, after them (holding them would only grow with the copies before it)."""
+        if self.phase is Phase.QUEUED and not self.resume:
+            changes = []
         if changes:
             self._held.append((end, changes))
         if self.seen_until is None or end.order > self.seen_until.order:
