@@ -142,17 +142,6 @@ def resync_hint(spec: TableSpec) -> str:
     return f"re-snapshot it with `lakehouse run cdc --resync {spec.source}`"
 
 
-def _removes_key(ddl: DdlEvent | None, fk: foreign_keys.ForeignKey) -> bool:
-    """Whether `ddl` (None: the job's start) is a statement that could have removed `fk`: its child
-    dropped, renamed, replaced or its keys changed; its parent dropped or renamed."""
-    if ddl is None:
-        return True
-    change = ddl.change
-    if fk.child in ddl.tables and (change.drops or change.replaces or change.foreign_keys_changed):
-        return True
-    return fk.parent in ddl.tables and change.drops
-
-
 def _parent_changes(
     fk: foreign_keys.ForeignKey,
     transactions: list[Transaction],
@@ -223,7 +212,6 @@ class CdcSync(StreamingJob):
         self.tables: dict[tuple[str, str], TableState] = {}
         self.foreign_keys: list[foreign_keys.ForeignKey] = []  # of the synced tables (cascades)
         self._gone_children: set[tuple[str, str]] = set()  # kept keys' children, gone from the source
-        self._unread_keys: set[foreign_keys.ForeignKey] = set()  # kept keys the source's child lacks
         self._cascaded_from: dict[tuple[str, str], str] = {}  # what each lake table's property says
         self.reader: BinlogReader | None = None
         self.fatal: str | None = None
@@ -936,45 +924,39 @@ class CdcSync(StreamingJob):
 
     # ---- foreign-key cascades (foreign_keys.py) --------------------------------------------------
 
-    def _refresh_foreign_keys(
-        self, conn: pymysql.Connection | None = None, ddl: DdlEvent | None = None
-    ) -> None:
-        """Read the synced tables' foreign keys again (at start, after any DDL: `ddl`); a synced child
-        whose cascading key references a table that is not synced stops: its cascades would never be
-        seen."""
+    def _refresh_foreign_keys(self, conn: pymysql.Connection | None = None) -> None:
+        """Read the synced tables' foreign keys again (at start, after any DDL); a synced child whose
+        cascading key references a table that is not synced stops: its cascades would never be seen."""
         schemas = sorted({schema for schema, _ in self.tables})
         own = conn is None
         conn = conn or self._connect()
         try:
             read = foreign_keys.read_foreign_keys(conn, schemas)
-            # A key the source no longer has, of a child the job still follows: the statement that
-            # removed it (DROP TABLE, a RENAME, ALTER … DROP FOREIGN KEY, a reload) may be ahead in
-            # the binlog, and its parent's changes before that statement still cascade. A child gone
-            # from the source keeps it until its DROP; one there keeps it until a statement that
-            # could have removed it is applied (its rows may be another table's now: `_cascades`).
-            ahead = []
-            for fk in self.foreign_keys:
-                child = self.tables.get(fk.child)
-                if fk in read or child is None or not child.live:
-                    continue
-                if not source_db.table_exists(conn, *fk.child) or not _removes_key(ddl, fk):
-                    ahead.append(fk)
-            self._gone_children = {fk.child for fk in ahead if not source_db.table_exists(conn, *fk.child)}
-            self._unread_keys = {fk for fk in ahead if fk.child not in self._gone_children}
+            # A child gone from the source whose DROP is still ahead in the binlog: the source forgot
+            # its keys, and its parents' changes before the DROP still cascade to it.
+            children = {fk.child for fk in read}
+            ahead = [
+                fk
+                for fk in self.foreign_keys
+                if fk.child not in children
+                and self.tables.get(fk.child) is not None
+                and self.tables[fk.child].live
+                and not source_db.table_exists(conn, *fk.child)
+            ]
             self.foreign_keys = read + ahead
+            self._gone_children = {fk.child for fk in ahead}
         finally:
             if own:
                 conn.close()
         self._mark_cascaded_children()
         for fk in ahead:  # its parent renamed or stopped meanwhile: what cascades to it is unknown now
             child, parent = self.tables[fk.child], self.tables.get(fk.parent)
-            if fk.child in self._gone_children and child.live and (parent is None or not parent.live):
+            if child.live and (parent is None or not parent.live):
                 self._source_dropped(child, f"after {child.position} (gone before the rows its parent's "
                                      "changes cascaded to could be read)")  # fmt: skip
         while True:  # a stopped child is a parent no longer followed for its own children
             live = {key for key, state in self.tables.items() if state.live}
-            kept = [fk for fk in self.foreign_keys if fk.child not in self._gone_children]  # (those: above)
-            unfollowed = foreign_keys.unfollowed_parents(kept, live)
+            unfollowed = foreign_keys.unfollowed_parents(read, live)  # (kept keys' children: above)
             if not unfollowed:
                 return
             for child, fk in unfollowed.items():
@@ -1051,15 +1033,6 @@ class CdcSync(StreamingJob):
                     continue  # a child already past this batch (a fresh snapshot) holds the cascade
                 old, new = foreign_keys.cascade_values(fk, _parent_changes(fk, transactions, upstream, since))
                 if not old and not new:
-                    continue
-                if fk in self._unread_keys:
-                    self._stop_table(
-                        child,
-                        f"its foreign key {fk.describe()} is gone from the source before the job read the "
-                        f"statement that removed it (its table may have been dropped and made again), so "
-                        f"the rows {'.'.join(fk.parent)}'s changes cascaded to cannot be read; "
-                        f"{resync_hint(child.spec)}",
-                    )
                     continue
                 in_batch = own.get(fk.child, []) + cascaded.get(fk.child, [])
                 if not child.applies:  # rows held for its copy and not merged into it yet
@@ -1235,7 +1208,7 @@ class CdcSync(StreamingJob):
     def _apply_ddl(self, ddl: DdlEvent) -> None:
         statement = " ".join(ddl.change.statement.split())
         self._apply_table_ddl(ddl, statement)
-        self._refresh_foreign_keys(ddl=ddl)  # a FOREIGN KEY added or dropped, a table created or dropped
+        self._refresh_foreign_keys()  # a FOREIGN KEY added or dropped, a table created or dropped
 
     def _apply_table_ddl(self, ddl: DdlEvent, statement: str) -> None:
         for source_key in ddl.tables:
