@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from jobs.cdc.schema_policy import DEFAULT_POLICY, POLICIES
 from jobs.cdc.snapshot import CHUNK_ROWS, COMMIT_ROWS, READERS
-from jobs.cdc.sync import PROGRESS_SECONDS, CdcSync, run_sync
+from jobs.cdc.sync import PROGRESS_SECONDS, REQUEST_POLL_SECONDS, CdcSync, run_sync
 from jobs.cdc.table_selection import DEFAULT_NAMESPACE, TableSelection
 from jobs.common.job_args import (
     JobArgumentParser,
@@ -84,6 +84,15 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, CdcArgs]:
         metavar="LAKE_TABLE",
         help="drop a lake table whose source table was dropped (marked lakehouse.cdc.source-dropped), "
         "files and all, then exit; refuses a table that is not marked (repeatable)",
+    )
+    parser.add_argument(
+        "--request-resync",
+        action="append",
+        default=[],
+        metavar="LAKE_TABLE",
+        help="ask the running CDC job to re-snapshot LAKE_TABLE beside the stream (a table property it "
+        f"looks for every {REQUEST_POLL_SECONDS:.0f} s; a job not running takes it at its start), "
+        "then exit (repeatable)",
     )
     parser.add_argument("--server-id", type=int, help="replication client id (unique per reader)")
     parser.add_argument(
@@ -167,6 +176,33 @@ def drop_orphaned(spark, config, tables: Sequence[str]) -> int:
     return 0
 
 
+def request_resync(spark, config, tables: Sequence[str]) -> int:
+    """Mark the lake tables named for a re-snapshot by the running job (`_take_resync_requests`);
+    exit 2 without marking anything if one of them is missing or not synced by CDC."""
+    from datetime import UTC, datetime
+
+    from jobs.cdc import target_table
+
+    qualified = [t if t.count(".") >= 2 else f"{config.catalog.name}.{t}" for t in tables]
+    for table in qualified:
+        if not target_table.table_exists(spark, table):
+            print(f"error: {table} does not exist (a table CDC has not copied yet: `--resync` it at a start)",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        if target_table.synced_source(spark, table, config.mysql.database) is None:
+            print(f"error: {table} is not a table CDC syncs; nothing requested", file=sys.stderr)
+            return 2
+    when = datetime.now(UTC).strftime("at %Y-%m-%dT%H:%M:%SZ")
+    for table in qualified:
+        target_table.request_resync(spark, table, when)
+        print(
+            f"requested a re-snapshot of {table} {when}: the running CDC job copies it beside the stream "
+            f"within {REQUEST_POLL_SECONDS:.0f} s (its log: `{table}: re-snapshot beside the stream "
+            f"(requested {when})`); a job not running takes it at its start"
+        )
+    return 0
+
+
 @reports_config_errors
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -179,9 +215,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # FAIR: a re-snapshot beside the stream (its own pool, resync.py) never queues the batches' jobs.
     spark = build_spark(config, "cdc_sync", {"spark.scheduler.mode": "FAIR"})
-    if env_args.drop_orphaned:
+    if env_args.drop_orphaned or env_args.request_resync:
         try:
-            return drop_orphaned(spark, config, env_args.drop_orphaned)
+            if env_args.drop_orphaned:
+                return drop_orphaned(spark, config, env_args.drop_orphaned)
+            return request_resync(spark, config, env_args.request_resync)
         finally:
             stop_spark(spark)
     stop = StopRequest().install()

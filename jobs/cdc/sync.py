@@ -72,6 +72,8 @@ CATCH_UP_GAP_SECONDS = 0.5
 # A quiet table's stored position follows the binlog at most this often: far below the source's
 # binlog retention (24 h on RDS), and a restart re-reads at most this much of the binlog.
 PROGRESS_SECONDS = 60.0
+# How often a running job looks for resyncs requested of it (`--request-resync`, a table property).
+REQUEST_POLL_SECONDS = 15.0
 PROBLEM_SHOWN_SECONDS = 30.0  # a binlog reconnect this recent is still shown as the job's problem
 # The binlog reader with which a re-snapshot beside the stream checks its copy (`resync.py`) is a
 # replication client of its own: this far from the job's server id (4201 + 90 = 4291; verify's 4290).
@@ -179,6 +181,7 @@ class CdcSync(StreamingJob):
         schema_changes: str = schema_policy.DEFAULT_POLICY,
         snapshot_reader_process: bool = True,
         snapshot_readers: int = snapshot.READERS,
+        request_poll_seconds: float = REQUEST_POLL_SECONDS,
     ) -> None:
         self.spark = spark
         self.config = config
@@ -202,6 +205,9 @@ class CdcSync(StreamingJob):
         # tests that hook the reads).
         self.snapshot_reader_process = snapshot_reader_process
         self.snapshot_readers = snapshot_readers  # ranges of keys read side by side
+        self.request_poll_seconds = request_poll_seconds
+        self._next_request_poll = 0.0  # the first batch looks: a request made while it was stopped
+        self._requests_taken: dict[tuple[str, str], str] = {}  # table -> the request it copies for
         if schema_changes not in schema_policy.POLICIES:
             raise ConfigError(
                 f"--schema-changes {schema_changes!r}: choose from {', '.join(schema_policy.POLICIES)}"
@@ -607,6 +613,29 @@ class CdcSync(StreamingJob):
         if not applies_live and descendants:
             self._resync_descendants(state)
 
+    def _take_resync_requests(self) -> None:
+        """Resyncs requested of the running job (`lakehouse run cdc --request-resync`: a table
+        property with the request's time): each is copied beside the stream, as `--resync` at a start
+        is. The request is cleared once no copy runs for it (swapped in, or failed with its line);
+        one still standing at a start (the job stopped mid-copy) is taken again."""
+        for key, state in list(self.tables.items()):
+            target = state.spec.target
+            if state.unsyncable or not target_table.table_exists(self.spark, target):
+                continue  # (a name it cannot sync, a target another table has); its first copy is on its way
+            requested = target_table.resync_requested(self.spark, target)
+            taken = self._requests_taken.get(key)
+            if requested is None or requested == taken:
+                if requested is not None and state.resync is None:
+                    target_table.clear_resync_request(self.spark, target, requested)
+                    self._requests_taken.pop(key, None)
+                continue
+            self._requests_taken[key] = requested
+            if state.dropped is not None and not self._source_exists(state):
+                log.warning("%s: a re-snapshot was requested (%s), but its source table %s is gone; the "
+                            "lake table stays as it is", target, requested, state.spec.source)  # fmt: skip
+                continue  # (cleared at the next look: no copy runs for it)
+            self._request_resync(state, f"requested {requested}")
+
     def _resync_descendants(self, state: TableState) -> None:
         """While a table waits for its copy, the rows its parents' changes cascade to are found in the
         copy once built (`_cascade_into_copy`), too late for its own cascading children, whose rows
@@ -844,6 +873,9 @@ class CdcSync(StreamingJob):
         if self.reader.fatal is not None:
             self._fail_all(f"binlog unreadable from {self.reader.position}: {self.reader.fatal}")
             return 0
+        if time.monotonic() >= self._next_request_poll:
+            self._take_resync_requests()
+            self._next_request_poll = time.monotonic() + self.request_poll_seconds
         self._advance_resyncs()
         began = time.monotonic()
         # Read before draining: every transaction ending at or before it is then drained or applied.

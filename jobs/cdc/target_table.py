@@ -108,6 +108,25 @@ def clear_marks(spark, table: str) -> None:
     )
 
 
+# Table property: a resync asked of the running CDC job (`--request-resync`), its value when (UTC).
+# The job copies the table beside the stream and removes the property once the copy is done.
+RESYNC_REQUEST_PROPERTY = "lakehouse.cdc.resync-requested"
+
+
+def resync_requested(spark, table: str) -> str | None:
+    return dict(spark.sql(f"SHOW TBLPROPERTIES {table}").collect()).get(RESYNC_REQUEST_PROPERTY)
+
+
+def request_resync(spark, table: str, when: str) -> None:
+    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({properties({RESYNC_REQUEST_PROPERTY: when})})")
+
+
+def clear_resync_request(spark, table: str, taken: str) -> None:
+    """Remove the request the job took, not a newer one made meanwhile (taken at the next look)."""
+    if resync_requested(spark, table) == taken:
+        spark.sql(f"ALTER TABLE {table} UNSET TBLPROPERTIES IF EXISTS ('{RESYNC_REQUEST_PROPERTY}')")
+
+
 def mark_source_dropped(spark, table: str, where: str) -> None:
     spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({properties({DROPPED_PROPERTY: where})})")
 
