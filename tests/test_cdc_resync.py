@@ -133,15 +133,16 @@ def test_a_resync_runs_beside_the_stream_and_swaps_in_a_verified_copy(
     assert len(swapped) == 1 and "verified against the source" in swapped[0], swapped
 
 
-def test_a_resync_requested_of_the_running_job_is_copied_beside_the_stream_then_cleared(
+def test_a_resync_requested_of_the_running_job_is_copied_beside_the_stream_and_answered(
     spark, app_conn, make_sync, lake_config
 ) -> None:
     """`lakehouse run cdc --request-resync` while CDC runs: no restart; the damaged table is copied
-    beside the stream and swapped in, with the writes made meanwhile; the request is cleared once
-    done. One made while the job is stopped is taken at its start. A table that is not in the lake,
-    or not synced by CDC, is refused."""
+    beside the stream and swapped in, with the writes made meanwhile; the swap answers the request
+    (a job that exits right after it, as `--until-idle` does, must not copy it again at its next
+    start). One made while the job is stopped is taken at its start. A table that is not in the
+    lake, or not synced by CDC, is refused."""
     from jobs.cdc.__main__ import request_resync
-    from jobs.cdc.target_table import resync_requested
+    from jobs.cdc.target_table import pending_resync_request
 
     name = "cdc_test_requested"
     pair = fresh_test_table(spark, app_conn, name)
@@ -151,44 +152,48 @@ def test_a_resync_requested_of_the_running_job_is_copied_beside_the_stream_then_
     sync.request_poll_seconds = 0
     catch_up(sync)
 
-    def damage_then_request(sync) -> None:
+    def damage_then_request() -> None:
         spark.sql(f"DELETE FROM {lake} WHERE id IN ('k00001', 'k00002')")  # behind CDC's back
-        catch_up(sync)
-        assert not sync.resyncing and spark.table(lake).count() < 2_000  # nothing asked: stays damaged
         assert request_resync(spark, lake_config, [f"dim_db.{name}"]) == 0
-        assert resync_requested(spark, lake) is not None
         with app_conn.cursor() as cur:
             cur.execute(f"INSERT INTO {name} (id, name, qty, price) VALUES ('n1', 'during', 1, 1)")
             cur.execute(f"UPDATE {name} SET qty = -5 WHERE id = 'k00010'")
         app_conn.commit()
 
-    damage_then_request(sync)
-    sync.run_batch()
+    catch_up(sync)
+    assert not sync.resyncing and spark.table(lake).count() == 2_000  # nothing asked: nothing copied
+    damage_then_request()
+    sync.run_batch()  # it looks
     assert sync.resyncing
+    sync.request_poll_seconds = 3_600  # it looks no more: the swap itself answers the request
+    assert pending_resync_request(spark, lake) is not None  # until the copy is in
     run_until_swapped(sync)
-    catch_up(sync)  # its next look clears the request
+    assert pending_resync_request(spark, lake) is None
+    catch_up(sync)
     assert sync.errors == []
     assert_converged(spark, app_conn, name)
-    assert resync_requested(spark, lake) is None
     sync.close()
+    again = make_sync(pair)
+    again.run_batch()  # its first batch looks: nothing pending
+    assert not again.resyncing
+    again.close()
 
     spark.sql(f"DELETE FROM {lake} WHERE id = 'k00003'")  # while the job is stopped
     assert request_resync(spark, lake_config, [f"dim_db.{name}"]) == 0
     restarted = make_sync(pair)
-    restarted.request_poll_seconds = 0
     restarted.run_batch()  # its first batch looks
     assert restarted.resyncing
     run_until_swapped(restarted)
     catch_up(restarted)
     assert restarted.errors == []
     assert_converged(spark, app_conn, name)
-    assert resync_requested(spark, lake) is None
+    assert pending_resync_request(spark, lake) is None
 
     spark.sql("CREATE TABLE IF NOT EXISTS lakehouse.dim_db.cdc_test_not_cdc (id INT) USING iceberg")
     try:
         assert request_resync(spark, lake_config, ["dim_db.cdc_test_not_cdc"]) == 2
         assert request_resync(spark, lake_config, ["dim_db.cdc_test_no_such_table"]) == 2
-        assert resync_requested(spark, "lakehouse.dim_db.cdc_test_not_cdc") is None
+        assert pending_resync_request(spark, "lakehouse.dim_db.cdc_test_not_cdc") is None
     finally:
         spark.sql("DROP TABLE IF EXISTS lakehouse.dim_db.cdc_test_not_cdc")
 

@@ -179,6 +179,7 @@ def drop_orphaned(spark, config, tables: Sequence[str]) -> int:
 def request_resync(spark, config, tables: Sequence[str]) -> int:
     """Mark the lake tables named for a re-snapshot by the running job (`_take_resync_requests`);
     exit 2 without marking anything if one of them is missing or not synced by CDC."""
+    import uuid
     from datetime import UTC, datetime
 
     from jobs.cdc import target_table
@@ -192,7 +193,7 @@ def request_resync(spark, config, tables: Sequence[str]) -> int:
         if target_table.synced_source(spark, table, config.mysql.database) is None:
             print(f"error: {table} is not a table CDC syncs; nothing requested", file=sys.stderr)
             return 2
-    when = datetime.now(UTC).strftime("at %Y-%m-%dT%H:%M:%SZ")
+    when = datetime.now(UTC).strftime("at %Y-%m-%dT%H:%M:%SZ") + f" ({uuid.uuid4().hex[:8]})"  # unique
     for table in qualified:
         target_table.request_resync(spark, table, when)
         print(
@@ -215,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # FAIR: a re-snapshot beside the stream (its own pool, resync.py) never queues the batches' jobs.
     spark = build_spark(config, "cdc_sync", {"spark.scheduler.mode": "FAIR"})
+    if env_args.drop_orphaned and env_args.request_resync:
+        print("error: --drop-orphaned and --request-resync: one at a time", file=sys.stderr)
+        return 2
     if env_args.drop_orphaned or env_args.request_resync:
         try:
             if env_args.drop_orphaned:

@@ -73,7 +73,7 @@ CATCH_UP_GAP_SECONDS = 0.5
 # binlog retention (24 h on RDS), and a restart re-reads at most this much of the binlog.
 PROGRESS_SECONDS = 60.0
 # How often a running job looks for resyncs requested of it (`--request-resync`, a table property).
-REQUEST_POLL_SECONDS = 15.0
+REQUEST_POLL_SECONDS = 30.0
 PROBLEM_SHOWN_SECONDS = 30.0  # a binlog reconnect this recent is still shown as the job's problem
 # The binlog reader with which a re-snapshot beside the stream checks its copy (`resync.py`) is a
 # replication client of its own: this far from the job's server id (4201 + 90 = 4291; verify's 4290).
@@ -615,26 +615,40 @@ class CdcSync(StreamingJob):
 
     def _take_resync_requests(self) -> None:
         """Resyncs requested of the running job (`lakehouse run cdc --request-resync`: a table
-        property with the request's time): each is copied beside the stream, as `--resync` at a start
-        is. The request is cleared once no copy runs for it (swapped in, or failed with its line);
-        one still standing at a start (the job stopped mid-copy) is taken again."""
+        property): each table is copied beside the stream, as `--resync` at a start does (a copy
+        already under way answers it: its swap replaces every row). The request is answered when the
+        copy is swapped in (`_swap`), or when no copy runs for it any more (it failed, with its line).
+        One still pending at a start (the job stopped mid-copy) is taken again."""
         for key, state in list(self.tables.items()):
             target = state.spec.target
-            if state.unsyncable or not target_table.table_exists(self.spark, target):
-                continue  # (a name it cannot sync, a target another table has); its first copy is on its way
-            requested = target_table.resync_requested(self.spark, target)
+            if state.unsyncable or state.gone_by is not None:
+                continue  # a name it cannot sync, a target another table has; a source gone
+            try:
+                requested = target_table.pending_resync_request(self.spark, target)
+            except Exception as exc:  # noqa: BLE001 - not in the lake yet, or the catalog: the next look
+                if "NoSuchTable" not in str(exc):
+                    log.warning("%s: could not look for a requested resync (%s)", target, exc)
+                continue
             taken = self._requests_taken.get(key)
             if requested is None or requested == taken:
                 if requested is not None and state.resync is None:
-                    target_table.clear_resync_request(self.spark, target, requested)
-                    self._requests_taken.pop(key, None)
+                    self._answer_request(state)  # its copy failed (its line says why), or never started
                 continue
             self._requests_taken[key] = requested
-            if state.dropped is not None and not self._source_exists(state):
+            if state.resync is not None:
+                log.info("%s: a re-snapshot was requested (%s); the copy under way answers it", target,
+                         requested)  # fmt: skip
+            elif not self._source_exists(state):
                 log.warning("%s: a re-snapshot was requested (%s), but its source table %s is gone; the "
                             "lake table stays as it is", target, requested, state.spec.source)  # fmt: skip
-                continue  # (cleared at the next look: no copy runs for it)
-            self._request_resync(state, f"requested {requested}")
+                self._answer_request(state)
+            else:
+                self._request_resync(state, f"requested {requested}")
+
+    def _answer_request(self, state: TableState) -> None:
+        request = self._requests_taken.pop(state.spec.source_key, None)
+        if request is not None:
+            target_table.answer_resync_request(self.spark, state.spec.target, request)
 
     def _resync_descendants(self, state: TableState) -> None:
         """While a table waits for its copy, the rows its parents' changes cascade to are found in the
@@ -820,6 +834,7 @@ class CdcSync(StreamingJob):
             # Swapped in; what failed is the clean-up after (the staging table goes at the next start).
             log.exception("%s: swapped in; the clean-up after it failed", spec.target)
         state.resync = None
+        self._answer_request(state)
         state.key, state.position = built.source.key, position
         state.columns = target_table.target_columns(self.spark, spec.target)
         state.track_source(built.source.columns, exact=built.described_before_position)

@@ -108,23 +108,28 @@ def clear_marks(spark, table: str) -> None:
     )
 
 
-# Table property: a resync asked of the running CDC job (`--request-resync`), its value when (UTC).
-# The job copies the table beside the stream and removes the property once the copy is done.
+# Table properties: a resync asked of the running CDC job (`--request-resync`: when, UTC, and a
+# unique suffix), and the last request the job answered. A request is pending while they differ; the
+# job never removes the user's key, so a request made while it answers the last one is not lost.
 RESYNC_REQUEST_PROPERTY = "lakehouse.cdc.resync-requested"
+RESYNC_DONE_PROPERTY = "lakehouse.cdc.resync-done"
 
 
-def resync_requested(spark, table: str) -> str | None:
-    return dict(spark.sql(f"SHOW TBLPROPERTIES {table}").collect()).get(RESYNC_REQUEST_PROPERTY)
+def pending_resync_request(spark, table: str) -> str | None:
+    """The request not answered yet, or None; one catalog load (the job looks at every table)."""
+    from jobs.common.lake_tables import load_iceberg_table
+
+    props = load_iceberg_table(spark, table).properties()
+    requested = props.get(RESYNC_REQUEST_PROPERTY)
+    return requested if requested is not None and requested != props.get(RESYNC_DONE_PROPERTY) else None
 
 
-def request_resync(spark, table: str, when: str) -> None:
-    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({properties({RESYNC_REQUEST_PROPERTY: when})})")
+def request_resync(spark, table: str, request: str) -> None:
+    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({properties({RESYNC_REQUEST_PROPERTY: request})})")
 
 
-def clear_resync_request(spark, table: str, taken: str) -> None:
-    """Remove the request the job took, not a newer one made meanwhile (taken at the next look)."""
-    if resync_requested(spark, table) == taken:
-        spark.sql(f"ALTER TABLE {table} UNSET TBLPROPERTIES IF EXISTS ('{RESYNC_REQUEST_PROPERTY}')")
+def answer_resync_request(spark, table: str, request: str) -> None:
+    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({properties({RESYNC_DONE_PROPERTY: request})})")
 
 
 def mark_source_dropped(spark, table: str, where: str) -> None:
