@@ -4,8 +4,8 @@ so the config cannot drift from the target; docs/capacity.md prints the model (`
 
 Measured, on the 2-vCPU development box (bench/results/RESULTS.md and the issue-49 figures):
 * the ingest reading a backlog with tasks: 95,000-111,000 events/s on 2 cores;
-* CDC applying changes: 12,000-20,000 changes/s (12,200-13,100 in the 2026-11-29 runs); the snapshot:
-  117,000-184,000 rows/s.
+* CDC applying changes: 12,000-20,000 changes/s (12,243, 12,905 and 13,079 in three runs on
+  2026-11-29); the snapshot: 117,000-184,000 rows/s.
 
 Extrapolated, not measured here: an EMR vCPU is a hyperthread, so it is counted as half of one of
 these cores (`EMR_VCPU_SHARE`); and throughput is taken to add up across executors: the scale-out

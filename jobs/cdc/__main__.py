@@ -197,9 +197,9 @@ def request_resync(spark, config, tables: Sequence[str]) -> int:
     for table in qualified:
         target_table.request_resync(spark, table, when)
         print(
-            f"requested a re-snapshot of {table} {when}: the running CDC job copies it beside the stream "
-            f"within {REQUEST_POLL_SECONDS:.0f} s (its log: `{table}: re-snapshot beside the stream "
-            f"(requested {when})`); a job not running takes it at its start"
+            f"requested a re-snapshot of {table} {when}: a running CDC job that syncs it takes it within "
+            f"about {REQUEST_POLL_SECONDS:.0f} s and copies it beside the stream, after any copy before it "
+            f"(its log names the request); a job not running takes it at its start"
         )
     return 0
 
@@ -212,13 +212,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = config_from_args(env_args)
     selection = TableSelection.from_args(config, args.tables, args.includes, args.excludes, args.namespace)
 
+    if env_args.drop_orphaned and env_args.request_resync:
+        print("error: --drop-orphaned and --request-resync: one at a time", file=sys.stderr)
+        return 2
     from jobs.common.spark_session import build_spark, stop_spark
 
     # FAIR: a re-snapshot beside the stream (its own pool, resync.py) never queues the batches' jobs.
     spark = build_spark(config, "cdc_sync", {"spark.scheduler.mode": "FAIR"})
-    if env_args.drop_orphaned and env_args.request_resync:
-        print("error: --drop-orphaned and --request-resync: one at a time", file=sys.stderr)
-        return 2
     if env_args.drop_orphaned or env_args.request_resync:
         try:
             if env_args.drop_orphaned:

@@ -617,38 +617,41 @@ class CdcSync(StreamingJob):
         """Resyncs requested of the running job (`lakehouse run cdc --request-resync`: a table
         property): each table is copied beside the stream, as `--resync` at a start does (a copy
         already under way answers it: its swap replaces every row). The request is answered when the
-        copy is swapped in (`_swap`), or when no copy runs for it any more (it failed, with its line).
-        One still pending at a start (the job stopped mid-copy) is taken again."""
+        copy is swapped in (`_swap`), or when no copy runs for it any more (it failed, with its line;
+        its source is gone). One still pending at a start (the job stopped mid-copy) is taken again.
+        A table's error here is logged and looked at again next time: the other tables go on."""
         for key, state in list(self.tables.items()):
-            target = state.spec.target
-            if state.unsyncable or state.gone_by is not None:
-                continue  # a name it cannot sync, a target another table has; a source gone
+            if state.unsyncable:
+                continue  # a name it cannot sync, a target another table has
             try:
-                requested = target_table.pending_resync_request(self.spark, target)
-            except Exception as exc:  # noqa: BLE001 - not in the lake yet, or the catalog: the next look
+                self._take_resync_request(key, state)
+            except Exception as exc:  # noqa: BLE001 - not in the lake yet, the catalog, the source
                 if "NoSuchTable" not in str(exc):
-                    log.warning("%s: could not look for a requested resync (%s)", target, exc)
-                continue
-            taken = self._requests_taken.get(key)
-            if requested is None or requested == taken:
-                if requested is not None and state.resync is None:
-                    self._answer_request(state)  # its copy failed (its line says why), or never started
-                continue
-            self._requests_taken[key] = requested
-            if state.resync is not None:
-                log.info("%s: a re-snapshot was requested (%s); the copy under way answers it", target,
-                         requested)  # fmt: skip
-            elif not self._source_exists(state):
-                log.warning("%s: a re-snapshot was requested (%s), but its source table %s is gone; the "
-                            "lake table stays as it is", target, requested, state.spec.source)  # fmt: skip
-                self._answer_request(state)
-            else:
-                self._request_resync(state, f"requested {requested}")
+                    log.warning("%s: could not look for a requested resync (%s)", state.spec.target, exc)
+
+    def _take_resync_request(self, key: tuple[str, str], state: TableState) -> None:
+        target = state.spec.target
+        requested = target_table.pending_resync_request(self.spark, target)
+        taken = self._requests_taken.get(key)
+        if requested is None or requested == taken:
+            if requested is not None and state.resync is None:
+                self._answer_request(state)  # its copy failed (its line says why), or never started
+            return
+        self._requests_taken[key] = requested
+        if state.resync is not None:
+            log.info("%s: a re-snapshot was requested (%s); the copy under way answers it", target, requested)
+        elif state.gone_by is not None or not self._source_exists(state):
+            log.warning("%s: a re-snapshot was requested (%s), but its source table %s is gone; the lake "
+                        "table stays as it is", target, requested, state.spec.source)  # fmt: skip
+            self._answer_request(state)
+        else:
+            self._request_resync(state, f"requested {requested}")
 
     def _answer_request(self, state: TableState) -> None:
-        request = self._requests_taken.pop(state.spec.source_key, None)
+        request = self._requests_taken.get(state.spec.source_key)
         if request is not None:
             target_table.answer_resync_request(self.spark, state.spec.target, request)
+            del self._requests_taken[state.spec.source_key]
 
     def _resync_descendants(self, state: TableState) -> None:
         """While a table waits for its copy, the rows its parents' changes cascade to are found in the
@@ -834,7 +837,6 @@ class CdcSync(StreamingJob):
             # Swapped in; what failed is the clean-up after (the staging table goes at the next start).
             log.exception("%s: swapped in; the clean-up after it failed", spec.target)
         state.resync = None
-        self._answer_request(state)
         state.key, state.position = built.source.key, position
         state.columns = target_table.target_columns(self.spark, spec.target)
         state.track_source(built.source.columns, exact=built.described_before_position)
@@ -845,6 +847,10 @@ class CdcSync(StreamingJob):
         state.last_commit = time.monotonic()
         self._cascaded_from.pop(spec.source_key, None)  # a first copy has no mark yet: written now
         self._mark_cascaded_children()
+        try:
+            self._answer_request(state)  # (a job that exits now must not copy it again at its start)
+        except Exception as exc:  # noqa: BLE001 - swapped in all the same; the next look answers it
+            log.warning("%s: could not mark the requested resync answered (%s)", spec.target, exc)
         log.info(
             "%s: re-snapshotted beside the stream (%s): %s rows, verified against the source, swapped in "
             "at %s after %.0f s",
