@@ -152,16 +152,27 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, CdcArgs]:
     )
 
 
-def drop_orphaned(spark, config, tables: Sequence[str]) -> int:
-    """Drop the lake tables named whose source table was dropped (their rows, files and history);
-    exit 2 without dropping anything if one of them is missing or not marked."""
+def existing_lake_tables(spark, config, tables: Sequence[str], hint: str = "") -> list[str] | None:
+    """The lake tables named, with the catalog's name; None (said on stderr) if one does not exist."""
     from jobs.cdc import target_table
 
     qualified = [t if t.count(".") >= 2 else f"{config.catalog.name}.{t}" for t in tables]
     for table in qualified:
         if not target_table.table_exists(spark, table):
-            print(f"error: {table} does not exist", file=sys.stderr)
-            return 2
+            print(f"error: {table} does not exist{f' ({hint})' if hint else ''}", file=sys.stderr)
+            return None
+    return qualified
+
+
+def drop_orphaned(spark, config, tables: Sequence[str]) -> int:
+    """Drop the lake tables named whose source table was dropped (their rows, files and history);
+    exit 2 without dropping anything if one of them is missing or not marked."""
+    from jobs.cdc import target_table
+
+    qualified = existing_lake_tables(spark, config, tables)
+    if qualified is None:
+        return 2
+    for table in qualified:
         if target_table.source_dropped(spark, table) is None:
             print(
                 f"error: {table} is not marked {target_table.DROPPED_PROPERTY}: its source table was not "
@@ -184,12 +195,12 @@ def request_resync(spark, config, tables: Sequence[str]) -> int:
 
     from jobs.cdc import target_table
 
-    qualified = [t if t.count(".") >= 2 else f"{config.catalog.name}.{t}" for t in tables]
+    qualified = existing_lake_tables(
+        spark, config, tables, "a table CDC has not copied yet: `--resync` it at a start"
+    )
+    if qualified is None:
+        return 2
     for table in qualified:
-        if not target_table.table_exists(spark, table):
-            print(f"error: {table} does not exist (a table CDC has not copied yet: `--resync` it at a start)",
-                  file=sys.stderr)  # fmt: skip
-            return 2
         if target_table.synced_source(spark, table, config.mysql.database) is None:
             print(f"error: {table} is not a table CDC syncs; nothing requested", file=sys.stderr)
             return 2
