@@ -6,9 +6,10 @@
 - each job's room (`jobs/<job>/`) imports the shared code (`jobs/common`, `jobs/config.py`,
   `jobs/registry.py`) and itself, not another job's room; only the streaming application composes
   the streaming jobs, and runs `maintain` where nothing schedules it (the local stack); only
-  `verify` reads through the streaming jobs' own readers (their sources and stored progress), and
-  only `replay` validates and shapes rows with the ingest's own code (a reject passes or fails
-  exactly as it would in the ingest of this release).
+  `verify` reads through the streaming jobs' own readers (their sources and stored progress; its
+  click repair also shapes the records it reads again with the ingest's code), and only `replay`
+  validates and shapes rows with the ingest's own code (a reject passes or fails exactly as it
+  would in the ingest of this release).
 - the operator CLI never loads the CDK runtime: tests/infra/test_infra_config.py.
 """
 

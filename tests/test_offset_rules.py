@@ -86,3 +86,25 @@ def test_views_add_a_delta_to_the_view_as_of_their_last_commit():
         ],
         key=repr,
     )
+
+
+def test_a_repair_that_removes_clicks_takes_them_off_the_view_and_a_group_it_empties_goes():
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    earlier, now = datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 11, 2, tzinfo=UTC)
+    base = [
+        {"productId": "1", "name": "a", "product_price": Decimal("1.5"), "views": 10, "updated_at": earlier},
+        {"productId": "2", "name": "b", "product_price": Decimal("2.0"), "views": 3, "updated_at": earlier},
+        {"productId": "3", "name": None, "product_price": None, "views": 0, "updated_at": earlier},
+    ]
+    delta = Delta({("1", "a", Decimal("1.5")): -4, ("2", "b", Decimal("2.0")): -3}, {0: 9})
+    rows = sorted(with_delta(base, delta, now), key=repr)
+    # A group of clicks without a uid (count 0, as the source's GROUP BY has it) stays.
+    assert rows == sorted([("1", "a", Decimal("1.5"), 6, now), ("3", None, None, 0, earlier)], key=repr)
+
+
+def test_a_repair_commit_names_the_offsets_it_touched_as_ranges():
+    from jobs.verify.clicks_repair import as_ranges
+
+    assert as_ranges({1: [5, 3, 4, 9], 0: [7], 2: []}) == {"0": [[7, 7]], "1": [[3, 5], [9, 9]]}

@@ -212,3 +212,10 @@ def test_an_ingest_validates_past_a_replay_only_below_its_own_offsets() -> None:
     assert not replayed_below({**replay, OFFSETS_KEY: "{}"}, {0: 10, 1: 9})  # an ingest's commit
     assert not replayed_below({REPLAY_KEY: json.dumps({"id": "r"})}, {0: 10})  # an earlier format: no bounds
     assert not replayed_below({}, {0: 10})
+    # A click repair (`verify --repair`) below the ingest's offsets is passed the same way; a
+    # dimension's repair names no bounds.
+    from jobs.common.lake_tables import REPAIR_KEY
+
+    repair = {REPAIR_KEY: json.dumps({"id": "v", "ranges": {"0": [[3, 9]]}, "below": {"0": 10}})}
+    assert replayed_below(repair, {0: 10}) and not replayed_below(repair, {0: 9})
+    assert not replayed_below({REPAIR_KEY: json.dumps({"id": "v", "keys": 3})}, {0: 10})

@@ -34,16 +34,24 @@ OFFSETS_KEY = progress_keys.KAFKA_OFFSETS
 # reasons. Lineage, not progress: not a `lakehouse.` key, so expiry treats it as any data commit.
 # The views job counts what such a commit appended below its watermark.
 REPLAY_KEY = "lineage.replay"
+# Summary key of a commit by `lakehouse verify --repair` (a dimension's keys; in the click tables,
+# offsets re-read from the topic and duplicates removed). On a click table it names the offset
+# ranges it touched (`ranges`) and their bounds (`below`): the views job counts the difference the
+# commit made below its watermark, and the ingest validates past it like a replay.
+REPAIR_KEY = "lineage.verify-repair"
+BELOW_OFFSETS_KEYS = (REPLAY_KEY, REPAIR_KEY)
 
 
 def replayed_below(summary: dict, offsets: dict[int, int]) -> bool:
-    """A replay commit whose rows all lie below `offsets` (its `below`: partition -> highest
-    offset + 1), so an ingest at `offsets` can never read them again."""
-    replay = json.loads(summary.get(REPLAY_KEY) or "null")
-    if not isinstance(replay, dict) or OFFSETS_KEY in summary:
+    """A replay or click repair commit whose rows all lie below `offsets` (its `below`: partition ->
+    highest offset + 1), so an ingest at `offsets` can never read them again."""
+    if OFFSETS_KEY in summary:
         return False
-    below = replay.get("below", {})
-    return bool(below) and all(int(end) <= offsets.get(int(p), 0) for p, end in below.items())
+    for key in BELOW_OFFSETS_KEYS:
+        lineage = json.loads(summary.get(key) or "null")
+        if isinstance(lineage, dict) and lineage.get("below"):
+            return all(int(end) <= offsets.get(int(p), 0) for p, end in lineage["below"].items())
+    return False
 
 
 def offsets_from_summary(value: str | None, topic: str) -> dict[int, int]:

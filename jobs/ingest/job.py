@@ -467,8 +467,9 @@ class ClickstreamIngest(StreamingJob):
                 log.warning("%s: the commit of the previous attempt had landed; not appending again", table)
                 return landed
 
-            # Rows a replay of rejects (`jobs/replay`) appended below this job's offsets are not
-            # another ingest's: validate past them. Any other append stops this job.
+            # Rows a replay of rejects (`jobs/replay`) appended, or a repair (`verify --repair`)
+            # changed, below this job's offsets are not another ingest's: validate past them. Any
+            # other append stops this job.
             def passable(summary: dict) -> bool:
                 if OFFSETS_KEY in summary:  # an ingest's, even one that only moved its offsets
                     return False

@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
+from jobs.verify.clicks_repair import ClicksRepair
 from jobs.verify.findings import CheckResult, Finding, ranges_text
 
 Offsets = dict[int, int]  # partition -> offset
@@ -147,9 +148,11 @@ def check_clicks(
     earliest: Offsets,
     table: str,
     accepted: dict[int, list[tuple[int, int]]] | None = None,
+    repairs: list[ClicksRepair] | None = None,
 ) -> CheckResult:
     """Compare the two tables' lineage with the offsets the ingest stored and the topic holds.
-    `accepted`: ranges recorded as lost for good (`lost_ranges`), noted rather than found."""
+    `accepted`: ranges recorded as lost for good (`lost_ranges`), noted rather than found. With
+    `repairs`, what a repair can mend (missing offsets the topic holds, duplicates) is appended."""
     result = CheckResult("kafka -> clicks", table)
     if rejects is None:  # no rejects table (none ever committed): the fact table's offsets bound it
         rejects_stored = fact_stored
@@ -169,6 +172,8 @@ def check_clicks(
         rows.unpersist()
     gone, readable = split_at(missing, held)
     gone, known = without(gone, accepted or {})
+    if repairs is not None and (readable or duplicates):
+        repairs.append(ClicksRepair(readable, duplicates))
     for p, first, last in known:
         result.notes.append(
             f"partition {p}: offsets {first}-{last} recorded as lost ({LOST_PROPERTY}); not counted"

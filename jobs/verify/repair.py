@@ -34,13 +34,12 @@ from jobs.cdc.binlog_reader import BinlogPosition
 from jobs.cdc.position_commit import stored_position
 from jobs.cdc.reconcile import canonical
 from jobs.cdc.source_db import SourceTable
+from jobs.common.lake_tables import REPAIR_KEY
 from jobs.common.snapshot_progress import find_lineage, retry_commit, with_snapshot_properties
 from jobs.common.sql_text import identifier
 
 log = logging.getLogger("verify.repair")
 
-# Not a `lakehouse.` progress key: expiry keeps the newest snapshot of each of those for good.
-REPAIR_KEY = "lineage.verify-repair"
 # More differing keys than this: a re-snapshot (`lakehouse run cdc --resync`) is the better repair.
 MAX_REPAIR_KEYS = 100_000
 ROUNDS = 3  # check, repair, check again: a repair that raced a CDC commit is redone

@@ -13,12 +13,14 @@ and snapshot expiry (no snapshot id to lose). If the click table's offsets ever 
 watermark (a recreated topic, a restored table) or switch topic, new rows would hide below it: the
 job stops with an error instead of silently counting nothing.
 
-Rows a replay of rejects (`jobs/replay`) lands are at offsets the watermark may have passed. Each
-commit also stores the click snapshot it counted through (`lakehouse.views.clicks-snapshot`); the
-next batch reads what every replay commit between that snapshot and the new one appended (an
-incremental read of that one commit) and counts the rows below the watermark (those above it the
-offset rule counts). If that part of the click table's history is gone (expired while the job was
-stopped), it says so: `lakehouse verify` then tells whether the view is off.
+Rows a replay of rejects (`jobs/replay`) lands are at offsets the watermark may have passed, and a
+repair (`lakehouse verify --repair`) adds or removes rows there. Each commit also stores the click
+snapshot it counted through (`lakehouse.views.clicks-snapshot`); the next batch reads what every
+replay commit between that snapshot and the new one appended (an incremental read of that one
+commit), and what every repair commit changed in the offset ranges it names (its rows there minus
+its parent's), and counts the rows below the watermark (those above it the offset rule counts). If
+that part of the click table's history is gone (expired while the job was stopped), it says so:
+`lakehouse verify` then tells whether the view is off.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from jobs.common.arrow_frames import arrow_frame
 from jobs.common.lake_tables import (
     FACT_TABLE,
     OFFSETS_KEY,
+    REPAIR_KEY,
     REPLAY_KEY,
     VIEWS_TABLE,
     load_iceberg_table,
@@ -66,6 +69,12 @@ log = logging.getLogger("product_views")
 PROGRESS_KEY = progress_keys.VIEWS_CLICK_OFFSETS
 COUNTED_SNAPSHOT_KEY = progress_keys.VIEWS_CLICKS_SNAPSHOT
 GROUP_COLUMNS = ("productId", "name", "product_price")
+# +1 for a click to count, -1 for one a repair removed below the watermark (counted before).
+WEIGHT = "_lakehouse_weight"
+# In every commit of a views job that counts repair commits: a repair that changes clicks below
+# the watermark refuses a view an earlier release last committed (it would never count them).
+COUNTS_KEY = "lineage.views-counts"
+COUNTS = "replays,repairs"
 
 Watermark = dict[int, int]  # kafka partition -> next click offset not yet counted
 # The topic of clicks written without the ingest's offsets (by hand, in tests), and of a watermark
@@ -137,22 +146,38 @@ def uncounted_clicks(clicks: DataFrame, watermark: Watermark) -> DataFrame:
     """Click rows at or after the watermark; partitions the watermark has not seen yet count fully."""
     known = list(watermark)
     new_partition = ~F.col("kafka_partition").isin(known) if known else F.lit(True)
-    return clicks.where(offsets_at_or_after(watermark) | new_partition)
+    return clicks.where(offsets_at_or_after(watermark) | new_partition).withColumn(WEIGHT, F.lit(1))
 
 
-def late_clicks(replayed: DataFrame, watermark: Watermark) -> DataFrame:
-    """Rows a replay appended that the offset rule does not count: below the watermark."""
+def late_clicks(replayed: DataFrame, watermark: Watermark, weight: int = 1) -> DataFrame:
+    """Rows a replay appended (or a repair changed) that the offset rule does not count: below the
+    watermark, each with `weight`."""
     known = list(watermark)
     if not known:
-        return replayed.where(F.lit(False))
-    return replayed.where(F.col("kafka_partition").isin(known) & ~offsets_at_or_after(watermark))
+        return replayed.where(F.lit(False)).withColumn(WEIGHT, F.lit(weight))
+    late = replayed.where(F.col("kafka_partition").isin(known) & ~offsets_at_or_after(watermark))
+    return late.withColumn(WEIGHT, F.lit(weight))
+
+
+def in_ranges(clicks: DataFrame, ranges: dict[str, list]) -> DataFrame:
+    """Rows whose (partition, offset) lies in `ranges` ({"<partition>": [[first, last], ...]}, a
+    repair commit's)."""
+    condition = F.lit(False)
+    for partition, pieces in ranges.items():
+        offset = F.col("kafka_offset")
+        within = F.lit(False)
+        for first, last in pieces:
+            within = within | offset.between(int(first), int(last))
+        condition = condition | ((F.col("kafka_partition") == int(partition)) & within)
+    return clicks.where(condition)
 
 
 def views_delta(uncounted: DataFrame) -> DataFrame:
-    """Per group and Kafka partition: views to add and the highest offset read. One small scan
-    yields both the counts and the next watermark."""
+    """Per group and Kafka partition: views to add (weighted: a removed row counts -1) and the
+    highest offset read. One small scan yields both the counts and the next watermark."""
+    counted = F.when(F.col("uid").isNotNull(), F.col(WEIGHT)).otherwise(0)
     return uncounted.groupBy(*GROUP_COLUMNS, "kafka_partition").agg(
-        F.count("uid").alias("views"),
+        F.sum(counted).alias("views"),
         F.max("kafka_offset").alias("last_offset"),
         F.max("eventTime").alias("newest_event"),
     )
@@ -198,10 +223,13 @@ def with_delta(base: Sequence, delta: Delta, now: datetime) -> list[tuple]:
     """The whole view after adding `delta` to `base` (its rows as of this job's last commit).
     Groups are keyed null-safely: clicks of unknown products (null name and price) form one group."""
     rows = {tuple(row[c] for c in GROUP_COLUMNS): (row["views"], row["updated_at"]) for row in base}
+    gone = set()
     for group, views in delta.counts.items():
         before, _ = rows.get(group, (0, None))
         rows[group] = (before + views, now)
-    return [(*group, views, updated_at) for group, (views, updated_at) in rows.items()]
+        if views < 0 and before + views <= 0:  # a repair removed every click of it
+            gone.add(group)
+    return [(*group, views, updated_at) for group, (views, updated_at) in rows.items() if group not in gone]
 
 
 def views_frame(spark: SparkSession, rows: Sequence[tuple]) -> DataFrame:
@@ -298,14 +326,8 @@ class ProductViews(StreamingJob):
             self.spark.read.format("iceberg").option("snapshot-id", snapshot).load(self.settings.clicks_table)
         )
         uncounted = uncounted_clicks(clicks, self.watermark)
-        for replay in self._replays_since(snapshot):
-            appended = (
-                self.spark.read.format("iceberg")
-                .option("start-snapshot-id", replay.parentId())
-                .option("end-snapshot-id", replay.snapshotId())
-                .load(self.settings.clicks_table)
-            )
-            uncounted = uncounted.unionByName(late_clicks(appended, self.watermark))
+        for correction in self._corrections_since(snapshot):
+            uncounted = uncounted.unionByName(self._late_rows(correction))
         delta = fold_delta(views_delta(uncounted).collect(), self.watermark)
         self._last_clicks_snapshot = snapshot
         if not delta.counts:
@@ -340,21 +362,44 @@ class ProductViews(StreamingJob):
             self.on_commit(delta, snapshot)
         return delta.views
 
-    def _replays_since(self, snapshot: int) -> list:
-        """The replay commits after the snapshot last counted, up to `snapshot`, oldest first."""
+    def _late_rows(self, correction) -> DataFrame:
+        """What a replay or repair commit changed below the watermark, as weighted click rows."""
+        read = self.spark.read.format("iceberg")
+        table = self.settings.clicks_table
+        summary = correction.summary()
+        if summary.get(REPLAY_KEY) is not None:  # an append: what it added
+            appended = (
+                read.option("start-snapshot-id", correction.parentId())
+                .option("end-snapshot-id", correction.snapshotId())
+                .load(table)
+            )
+            return late_clicks(appended, self.watermark)
+        # A repair adds and removes rows: its rows in the ranges it names minus its parent's there.
+        ranges = json.loads(summary.get(REPAIR_KEY)).get("ranges", {})
+        after = read.option("snapshot-id", correction.snapshotId()).load(table)
+        before = self.spark.read.format("iceberg").option("snapshot-id", correction.parentId()).load(table)
+        return late_clicks(in_ranges(after, ranges), self.watermark).unionByName(
+            late_clicks(in_ranges(before, ranges), self.watermark, weight=-1)
+        )
+
+    def _corrections_since(self, snapshot: int) -> list:
+        """The replay and click-repair commits after the snapshot last counted, up to `snapshot`,
+        oldest first."""
         if self.counted_snapshot is None:
             return []  # a new view counts every row; a view of an earlier version saw no replay
         table = load_iceberg_table(self.spark, self.settings.clicks_table)
         replays, current = [], table.snapshot(snapshot)
         while current is not None and current.snapshotId() != self.counted_snapshot:
-            if current.summary().get(REPLAY_KEY) is not None:
+            summary = current.summary()
+            if summary.get(REPLAY_KEY) is not None or summary.get(REPAIR_KEY) is not None:
                 replays.append(current)
             parent = current.parentId()
             current = table.snapshot(parent) if parent is not None else None
         if current is None:
             log.warning(
                 "the click table's history since snapshot %s (the last counted) is gone (expired?): "
-                "rows replayed in it cannot be told apart; `lakehouse verify` says if the view is off",
+                "rows replayed or repaired in it cannot be told apart; `lakehouse verify` says if the "
+                "view is off",
                 self.counted_snapshot,
             )
             return []
@@ -383,6 +428,7 @@ class ProductViews(StreamingJob):
                 PROGRESS_KEY: watermark_summary(topic, delta.watermark),
                 COUNTED_SNAPSHOT_KEY: str(clicks_snapshot),
                 COMMIT_ID_KEY: commit_id,
+                COUNTS_KEY: COUNTS,
             }
         )
         now = datetime.now(UTC)  # one value for every attempt: an attempt that landed wrote it
