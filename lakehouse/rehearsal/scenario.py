@@ -266,14 +266,16 @@ class Rehearsal:
         self._run_step(batch["maintain"], env)
         # The product's own reconciliation (exit 1 on a mismatch), as `-c verify_repair=true` deploys
         # it (the template's step plus --repair; tests/infra/test_infra_jobs.py: the only difference),
-        # over a dimension row deleted behind CDC's back: the step must put it back.
+        # over a dimension row deleted behind CDC's back and click rows deleted behind the ingest's:
+        # the step must put exactly those back.
         verify = batch["verify"]
         if "--repair" not in verify.args:
             verify = dataclasses.replace(verify, args=[*verify.args, "--repair"])
         self._delete_a_dimension_row(state)
+        deleted_clicks = self._delete_some_clicks()
         self._run_step(verify, env)
         problems = self._verify(topic, bad, state)
-        problems += self._verify_step_checked()
+        problems += self._verify_step_checked(deleted_clicks)
         published = moto.metrics("Lakehouse/dev", REHEARSAL_REGION)
         (self.work_dir / "published-metrics.json").write_text(json.dumps(published, indent=1, default=str))
         if not published:
@@ -454,6 +456,27 @@ class Rehearsal:
         table.delete(EqualTo("userid", userid))
         self.log(f"deleted dim_db.user_member's row of userid {userid} behind CDC's back (verify repairs it)")
 
+    def _delete_some_clicks(self) -> int:
+        """Delete five fact rows near partition 0's end (the broker still holds those records, whatever
+        its retention did to older ones); how many rows went."""
+        from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThanOrEqual
+
+        from lakehouse.local.catalog import pyiceberg_catalog
+
+        table = pyiceberg_catalog(self.work_dir / "catalog.db", self.work_dir).load_table(
+            "ods_behavior.clickevent"
+        )
+        in_partition = EqualTo("kafka_partition", 0)
+        rows = table.scan(row_filter=in_partition, selected_fields=("kafka_offset",)).to_arrow().to_pylist()
+        victims = sorted(r["kafka_offset"] for r in rows)[-10:-5]
+        if len(victims) < 5:
+            raise RehearsalFailed(f"partition 0 of the click table holds {len(rows)} rows: too few to delete")
+        first = GreaterThanOrEqual("kafka_offset", victims[0])
+        table.delete(And(in_partition, And(first, LessThanOrEqual("kafka_offset", victims[-1]))))
+        self.log(f"deleted the click rows of partition 0 at offsets {victims} behind the ingest's back "
+                 "(verify reads them again)")  # fmt: skip
+        return len(victims)
+
     def _verify(self, topic, bad, state: dict) -> list[str]:
         lake = self._lake()
         facts = lake.get("ods_behavior.clickevent", [])
@@ -474,7 +497,7 @@ class Rehearsal:
         )
         return problems
 
-    def _verify_step_checked(self) -> list[str]:
+    def _verify_step_checked(self, deleted_clicks: int) -> list[str]:
         """The verify step's own verdict lines: every check ran and compared something (how much of
         the topic it compares depends on the local broker's retention; the rehearsal's own readers
         compare everything)."""
@@ -500,8 +523,15 @@ class Rehearsal:
             for what in expected
             if found.get(what, ("", 0))[0] != "ok" or found[what][1] < 1
         ]
-        if repaired != {what: int(what == "mysql -> dimension dim_db.user_member") for what in found}:
-            problems.append(f"verify step: repaired {repaired}, not the one deleted user_member row")
+        wanted = {
+            "mysql -> dimension dim_db.user_member": 1,
+            "kafka -> clicks ods_behavior.clickevent": deleted_clicks,
+        }
+        if repaired != {what: wanted.get(what, 0) for what in found}:
+            problems.append(
+                f"verify step: repaired {repaired}, not the one deleted user_member row and the "
+                f"{deleted_clicks} deleted click rows"
+            )
         # The full findings go beside the tables (the stdout above is in the EMR logs bucket).
         stored = re.search(r"^verify: findings stored at (\S+)$", output, re.M)
         if stored is None:
