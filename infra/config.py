@@ -163,7 +163,7 @@ class JobSettings:
     # dev: the test-data generator is deployed (a state machine; the cluster may write clicktopic).
     # prod: not deployed, and the cluster may only read clicktopic: real clicks come from the site.
     deploy_gendata: bool
-    # The scheduled verify step also repairs the dimension tables it finds wrong (`verify --repair`;
+    # The scheduled verify step also repairs the click and dimension tables it finds wrong (`verify --repair`;
     # `-c verify_repair=true`). Off by default: a repair is a write, and the alarm fires either way.
     verify_repairs: bool = False
 

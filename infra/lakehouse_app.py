@@ -23,7 +23,7 @@ def config_from_context(app: App, environ: Mapping[str, str] = os.environ) -> De
     by `lakehouse aws park`), `-c alert_email=you@example.com` (subscribes it to the alerts), and
     `-c lake_readers=<role arn>,…` / `-c security_admins=<role arn>,…` (infra/access.py); in dev also
     the lake readers the preflight pinned (`lakehouse:dev-lake-readers`, the person who deployed);
-    `-c verify_repair=true` (the scheduled verify step repairs the dimensions it finds wrong).
+    `-c verify_repair=true` (the scheduled verify step repairs the clicks and dimensions it finds wrong).
 
 
     Account and region come from the CLI's environment (CDK_DEFAULT_ACCOUNT/REGION) when both are

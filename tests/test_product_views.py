@@ -242,6 +242,45 @@ def test_views_restarts_neither_skip_nor_double_count(spark, names) -> None:
     assert watermark_from_summary(stored) == (ANY_TOPIC, dict.fromkeys(range(PARTITIONS), appended))
 
 
+def test_a_repair_that_removes_counted_clicks_takes_them_off_and_a_second_job_cannot_count_it_again(
+    spark, names
+) -> None:
+    """A click repair (`verify --repair`) deletes copies below the watermark: the view loses exactly
+    those. The batch that counts it leaves the watermark where it was, so a second job resuming from
+    the same point must still see that another job committed (the click snapshot counted through)."""
+    import json
+
+    from jobs.common.lake_tables import REPAIR_KEY
+
+    for statement in fact_table_ddl(names["clicks"]):
+        spark.sql(statement)
+    append_clicks(spark, names["clicks"], 0, 30, topic="clicktopic")
+    # Offsets 0-4 of partition 0 stored twice, counted twice (the view agrees with its table).
+    with_snapshot_properties(
+        spark,
+        {OFFSETS_KEY: offsets_summary("clicktopic", dict.fromkeys(range(PARTITIONS), 30))},
+        lambda: spark.sql(
+            f"INSERT INTO {names['clicks']} SELECT webpageId, uid, productId, 'copy', expendTime, eventTime, "
+            f"name, product_price, dt, kafka_partition, kafka_offset, ingested_at FROM {names['clicks']} "
+            "WHERE kafka_partition = 0 AND kafka_offset < 5"
+        ),
+    )
+    first = new_views(spark, names)
+    assert catch_up(first) == 30 * PARTITIONS + 5
+    second = new_views(spark, names)  # resumes from the same point
+    repair = {"id": "r", "ranges": {"0": [[0, 4]]}, "below": {"0": 5}, "added": 0, "removed": 5}
+    with_snapshot_properties(
+        spark,
+        {REPAIR_KEY: json.dumps(repair)},
+        lambda: spark.sql(f"DELETE FROM {names['clicks']} WHERE cookieId = 'copy'"),
+    )
+    assert first.run_batch() == 5  # five clicks taken off, the watermark as it was
+    assert views_rows(spark, names["views"]) == source_statistic(spark, names["clicks"])
+    with pytest.raises(ConcurrentWriterError, match="another product_views job committed"):
+        second.run_batch()
+    assert views_rows(spark, names["views"]) == source_statistic(spark, names["clicks"])
+
+
 def test_a_second_views_job_that_commits_inside_the_race_window_is_rejected(spark, names, monkeypatch):
     """The other job commits after this one checked the stored watermark but before it writes:
     the exclusive overwrite (validated from the snapshot it checked) must fail, not double-count."""
@@ -252,10 +291,15 @@ def test_a_second_views_job_that_commits_inside_the_race_window_is_rejected(spar
     append_clicks(spark, names["clicks"], 0, 50, topic="clicktopic")
     first, second = new_views(spark, names), new_views(spark, names)
     assert catch_up(first) == 50 * PARTITIONS
-    second.topic, second.watermark = first.topic, first.watermark  # both resume from the same point
+    # Both resume from the same point.
+    second.topic, second.watermark, second.counted_snapshot = (
+        first.topic,
+        first.watermark,
+        first.counted_snapshot,
+    )
     append_clicks(spark, names["clicks"], 50, 20, topic="clicktopic")
 
-    original = views_module.progress_as_of
+    original = views_module.progress_summary_as_of
     raced: list[int] = []
     racing: list[bool] = []
 
@@ -268,7 +312,7 @@ def test_a_second_views_job_that_commits_inside_the_race_window_is_rejected(spar
             raced.append(first.run_batch())
         return stored
 
-    monkeypatch.setattr(views_module, "progress_as_of", check_then_let_the_other_job_commit)
+    monkeypatch.setattr(views_module, "progress_summary_as_of", check_then_let_the_other_job_commit)
     with pytest.raises(ConcurrentWriterError):
         second.run_batch()
     assert raced == [30 * PARTITIONS]
@@ -284,7 +328,12 @@ def test_a_views_job_that_finds_its_target_watermark_committed_by_another_job_st
     append_clicks(spark, names["clicks"], 0, 50, topic="clicktopic")
     first, second = new_views(spark, names), new_views(spark, names)
     assert catch_up(second) == 50 * PARTITIONS  # the second holds the rows it committed
-    first.topic, first.watermark = second.topic, second.watermark  # a restart reads the same progress
+    # A restart reads the same progress.
+    first.topic, first.watermark, first.counted_snapshot = (
+        second.topic,
+        second.watermark,
+        second.counted_snapshot,
+    )
     append_clicks(spark, names["clicks"], 50, 20, topic="clicktopic")
     assert first.run_batch() == 20 * PARTITIONS
     with pytest.raises(ConcurrentWriterError, match="another product_views job committed"):

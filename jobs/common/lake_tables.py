@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from pyspark.sql import Column
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from jobs.common import progress_keys
@@ -125,3 +125,25 @@ def offsets_at_or_after(starts: dict[int, int]) -> Column:
     for partition, start in starts.items():
         condition = condition | ((F.col("kafka_partition") == partition) & (F.col("kafka_offset") >= start))
     return condition
+
+
+def in_offset_ranges(rows: DataFrame, ranges: list[tuple[int, int, int]]) -> DataFrame:
+    """The click rows whose (kafka_partition, kafka_offset) lies in one of `ranges` ((partition,
+    first, last)): a join with the ranges as a small broadcast table (thousands of scattered pieces
+    would make one filter expression too deep to plan), after a coarse filter Iceberg can prune
+    data files by (the partitions and the offsets' overall bounds)."""
+    if not ranges:
+        return rows.where(F.lit(False))
+    spark = rows.sparkSession
+    pieces = spark.createDataFrame(
+        [(p, first, last) for p, first, last in ranges], "_p int, _first long, _last long"
+    )
+    coarse = F.col("kafka_partition").isin(sorted({p for p, _, _ in ranges})) & F.col("kafka_offset").between(
+        min(first for _, first, _ in ranges), max(last for _, _, last in ranges)
+    )
+    within = (
+        (F.col("kafka_partition") == F.col("_p"))
+        & (F.col("kafka_offset") >= F.col("_first"))
+        & (F.col("kafka_offset") <= F.col("_last"))
+    )
+    return rows.where(coarse).join(F.broadcast(pieces), within, "left_semi")

@@ -27,15 +27,16 @@ from jobs.verify.findings import CheckResult, Finding, ranges_text
 Offsets = dict[int, int]  # partition -> offset
 
 LOST_HINT = (
-    "the ingest stored these offsets as read but neither table has them. If the topic still holds "
-    "them: roll the fact table back to a snapshot from before the loss "
-    "(`CALL lakehouse.system.rollback_to_snapshot('ods_behavior.clickevent', <id>)`, ids in "
-    "`ods_behavior.clickevent.history`) and run the ingest again: it resumes from that snapshot's offsets"
+    "the ingest stored these offsets as read but neither table has them; the topic still holds them: "
+    "`lakehouse verify --repair` reads them again beside the running ingest (or roll the fact table "
+    "back to a snapshot from before the loss and run the ingest again: it resumes from that "
+    "snapshot's offsets)"
 )
 DUPLICATE_HINT = (
-    "these offsets are stored more than once: find the snapshot that added the copies "
-    "(`SELECT * FROM ods_behavior.clickevent.snapshots`) and roll back to the one before it, or delete "
-    "the extra rows by (kafka_partition, kafka_offset, ingested_at)"
+    "these offsets are stored more than once: `lakehouse verify --repair` keeps each one's first row "
+    "(an offset in both tables it leaves to you: delete the row that is wrong by (kafka_partition, "
+    "kafka_offset, ingested_at), or roll back to the snapshot before the one that added it, in "
+    "`SELECT * FROM ods_behavior.clickevent.snapshots`)"
 )
 LOST_PROPERTY = "lakehouse.kafka.lost"  # table property `lakehouse.kafka.lost.<topic>.<partition>`
 LOST_PAST_RETENTION_HINT = (
@@ -172,8 +173,11 @@ def check_clicks(
         rows.unpersist()
     gone, readable = split_at(missing, held)
     gone, known = without(gone, accepted or {})
-    if repairs is not None and (readable or duplicates):
-        repairs.append(ClicksRepair(readable, duplicates))
+    # Doubled offsets at or past the stored ones are not the ingest's to have written (or not checked
+    # yet): a repair there would also stop the ingest, which validates past commits below its offsets.
+    below_stored, _ = split_at(duplicates, {p: high.get(p, 0) for p, _, _ in duplicates})
+    if repairs is not None and (readable or below_stored):
+        repairs.append(ClicksRepair(readable, below_stored))
     for p, first, last in known:
         result.notes.append(
             f"partition {p}: offsets {first}-{last} recorded as lost ({LOST_PROPERTY}); not counted"

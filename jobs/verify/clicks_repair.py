@@ -14,12 +14,20 @@ What the `kafka -> clicks` check found, repaired beside the running ingest:
 - **Snapshot isolation for the MERGE.** Serializable (Iceberg's default) would lose to every
   ingest append that lands while it runs (the ingest commits every second or so): the repair sets
   `write.merge.isolation-level=snapshot` on the click tables, which still fails on a concurrent
-  delete of the files it rewrites (compaction's, another repair's) and retries. Only this repair
-  MERGEs into the click tables.
+  delete of the files it rewrites (a compaction's) and retries. Only this repair MERGEs into the
+  click tables.
 
 Not repaired, and said: offsets the topic no longer holds (nothing can read them again), an offset
 in both tables (a fact row and a reject that is not its replay: which one is right is a judgement,
-see `lakehouse replay-rejects`), and rows past their table's stored offsets (not the ingest's).
+see `lakehouse replay-rejects`), rows at or past the stored offsets (not the ingest's, or not
+checked yet), and more than MAX_REPAIR_RANGES separate ranges.
+
+One repair at a time: a MERGE that only inserts deletes no file, so snapshot isolation lets two
+repairs at once both insert a missing offset. The check after them finds the doubled offset (and
+the next repair removes it); the view follows the table either way.
+
+A reject read again gets its record's Kafka time as `ingested_at`: `replay-rejects` bounds a
+record's updateTime by it.
 
 Exactly once: every round starts from the check, so a repair killed between the two tables' commits
 (or after both) is finished by the next run, never done twice.
@@ -39,7 +47,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
 from jobs.common.fault_injection import crash_point
-from jobs.common.lake_tables import REPAIR_KEY, load_iceberg_table
+from jobs.common.lake_tables import REPAIR_KEY, in_offset_ranges, load_iceberg_table
 from jobs.common.snapshot_progress import (
     find_lineage,
     main_snapshot,
@@ -57,6 +65,9 @@ log = logging.getLogger("verify.clicks_repair")
 Ranges = list[tuple[int, int, int]]  # (partition, first, last)
 LINEAGE = ["kafka_partition", "kafka_offset"]
 ISOLATION = "write.merge.isolation-level"
+# More separate offset ranges than this: a rollback is the better repair (each range is a piece of
+# the commit's summary and of the views job's reading of it).
+MAX_REPAIR_RANGES = 10_000
 _OP = "_lakehouse_repair_op"
 _RANK = "_lakehouse_rank"
 
@@ -104,6 +115,10 @@ class ClicksRepairOutcome:
         return "repaired " + ("; ".join(parts) if parts else "nothing (what remains is not repairable here)")
 
 
+class TooScattered(ValueError):
+    """More offset ranges than one repair takes."""
+
+
 class ViewsOfAnEarlierRelease(ConfigError):
     """The view was last committed by a views job that does not count repair commits."""
 
@@ -137,15 +152,6 @@ def as_ranges(offsets: dict[int, list[int]]) -> dict[str, list[list[int]]]:
         if pieces:
             out[str(partition)] = pieces
     return out
-
-
-def in_ranges(rows: DataFrame, ranges: Ranges) -> DataFrame:
-    condition = F.lit(False)
-    for partition, first, last in ranges:
-        condition = condition | (
-            (F.col("kafka_partition") == partition) & F.col("kafka_offset").between(first, last)
-        )
-    return rows.where(condition)
 
 
 def read_again(spark: SparkSession, client_config_factory: Callable, topic: str, ranges: Ranges) -> DataFrame:
@@ -208,11 +214,11 @@ def repair_table(
         parts, touched = [], {}
         removed = added = 0
         if current is not None and duplicates:
-            repeated, kept = duplicates_of(in_ranges(current, duplicates))
+            repeated, kept = duplicates_of(in_offset_ranges(current, duplicates))
             kept = kept.localCheckpoint(eager=True)
             repeated_offsets = [(r[0], r[1]) for r in repeated.collect()]
             if repeated_offsets:
-                removed = in_ranges(current, duplicates).join(repeated, LINEAGE, "left_semi").count()
+                removed = in_offset_ranges(current, duplicates).join(repeated, LINEAGE, "left_semi").count()
                 removed -= len(repeated_offsets)
                 deletes = kept.select(
                     *[
@@ -272,6 +278,12 @@ def repair_clicks(
 ) -> ClicksRepairOutcome:
     """The fact table's commit, then the rejects'. Killed between them, the next run's check finds
     only what the rejects lack."""
+    pieces = len(plan.readable) + len(plan.duplicates)
+    if pieces > MAX_REPAIR_RANGES:
+        raise TooScattered(
+            f"{pieces:,} offset ranges to repair (more than {MAX_REPAIR_RANGES:,}): roll the tables back "
+            "to a snapshot before the damage instead (the findings' hints)"
+        )
     check_views_count_repairs(spark, tables.views)
     fetched = read_again(spark, client_config_factory, tables.topic, plan.readable) if plan.readable else None
     has_rejects = spark.catalog.tableExists(tables.rejects)
@@ -288,7 +300,10 @@ def repair_clicks(
     fact = repair_table(spark, tables.fact, plan.duplicates, facts, [current(tables.rejects)])
     crash_point("verify.clicks-repair.between-tables")
     done = [fact]
-    rejects = to_rejects(rejected_records(fetched), F.current_timestamp()) if fetched is not None else None
+    # A reject's ingested_at is the record's time to `replay-rejects` (its "updateTime at most 24 h
+    # later" bound): the record's Kafka time, not this late read's.
+    record_time = F.coalesce(F.timestamp_millis(F.col("kafka_timestamp_ms")), F.current_timestamp())
+    rejects = to_rejects(rejected_records(fetched), record_time) if fetched is not None else None
     if has_rejects or (rejects is not None and not rejects.isEmpty()):
         if not has_rejects:
             raise RuntimeError(f"{tables.rejects} does not exist: run the ingest once, then repair")

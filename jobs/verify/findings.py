@@ -1,8 +1,9 @@
 """What a reconciliation check found: one result per check and table, shown as a table or JSON.
 
 Exit codes (`exit_code`): 0 everything matches, 1 a mismatch somewhere, 2 a check could not run
-(and none found a mismatch). Each finding carries a repair hint; `--repair` (repair.py) repairs the
-dimension tables' findings itself and the checks then say what they found after it.
+(and none found a mismatch). Each finding carries a repair hint; `--repair` (clicks_repair.py,
+repair.py) repairs the click and dimension tables' findings itself and the checks then say what they
+found after it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class CheckResult:
     notes: list[str] = field(default_factory=list)  # what was not compared, and why; in-flight changes
     error: str | None = None  # why the check could not run
     seconds: float = 0.0
-    repaired: int = 0  # keys `verify --repair` repaired before the (final) check above
+    repaired: int = 0  # keys (dimensions) or rows (clicks) `verify --repair` repaired before the check above
 
     @property
     def status(self) -> str:

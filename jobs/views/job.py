@@ -46,6 +46,7 @@ from jobs.common.lake_tables import (
     REPAIR_KEY,
     REPLAY_KEY,
     VIEWS_TABLE,
+    in_offset_ranges,
     load_iceberg_table,
     offsets_at_or_after,
 )
@@ -159,17 +160,11 @@ def late_clicks(replayed: DataFrame, watermark: Watermark, weight: int = 1) -> D
     return late.withColumn(WEIGHT, F.lit(weight))
 
 
-def in_ranges(clicks: DataFrame, ranges: dict[str, list]) -> DataFrame:
-    """Rows whose (partition, offset) lies in `ranges` ({"<partition>": [[first, last], ...]}, a
-    repair commit's)."""
-    condition = F.lit(False)
-    for partition, pieces in ranges.items():
-        offset = F.col("kafka_offset")
-        within = F.lit(False)
-        for first, last in pieces:
-            within = within | offset.between(int(first), int(last))
-        condition = condition | ((F.col("kafka_partition") == int(partition)) & within)
-    return clicks.where(condition)
+def repair_ranges(summary_value: str) -> list[tuple[int, int, int]]:
+    """A click repair commit's `ranges` ({"<partition>": [[first, last], ...]}) as (partition,
+    first, last)."""
+    ranges = json.loads(summary_value).get("ranges", {})
+    return [(int(p), int(first), int(last)) for p, pieces in ranges.items() for first, last in pieces]
 
 
 def views_delta(uncounted: DataFrame) -> DataFrame:
@@ -192,6 +187,11 @@ class Delta:
     @property
     def views(self) -> int:
         return sum(self.counts.values())
+
+    @property
+    def counted(self) -> int:
+        """Clicks this delta counted, added or (a repair's) taken off: a batch's work."""
+        return sum(abs(n) for n in self.counts.values())
 
 
 def fold_delta(rows: Sequence, watermark: Watermark) -> Delta:
@@ -352,7 +352,7 @@ class ProductViews(StreamingJob):
             BatchMetrics(
                 job="views",
                 table=self.settings.views_table.split(".", 1)[-1],
-                records_in=delta.views,
+                records_in=delta.counted,
                 batch_seconds=time.monotonic() - batch_began,
                 commit_seconds=time.monotonic() - began,
                 lag_seconds=self.last_lag_seconds,
@@ -360,7 +360,7 @@ class ProductViews(StreamingJob):
         )
         if self.on_commit:
             self.on_commit(delta, snapshot)
-        return delta.views
+        return delta.counted
 
     def _late_rows(self, correction) -> DataFrame:
         """What a replay or repair commit changed below the watermark, as weighted click rows."""
@@ -375,11 +375,11 @@ class ProductViews(StreamingJob):
             )
             return late_clicks(appended, self.watermark)
         # A repair adds and removes rows: its rows in the ranges it names minus its parent's there.
-        ranges = json.loads(summary.get(REPAIR_KEY)).get("ranges", {})
+        ranges = repair_ranges(summary.get(REPAIR_KEY))
         after = read.option("snapshot-id", correction.snapshotId()).load(table)
         before = self.spark.read.format("iceberg").option("snapshot-id", correction.parentId()).load(table)
-        return late_clicks(in_ranges(after, ranges), self.watermark).unionByName(
-            late_clicks(in_ranges(before, ranges), self.watermark, weight=-1)
+        return late_clicks(in_offset_ranges(after, ranges), self.watermark).unionByName(
+            late_clicks(in_offset_ranges(before, ranges), self.watermark, weight=-1)
         )
 
     def _corrections_since(self, snapshot: int) -> list:
@@ -436,13 +436,17 @@ class ProductViews(StreamingJob):
         @retry_commit()
         def commit() -> None:
             base_snapshot = main_snapshot(self.spark, table)
-            stored = watermark_from_summary(
-                progress_as_of(self.spark, table, base_snapshot, PROGRESS_KEY) if base_snapshot else None
-            )
+            stored_summary = {}
+            if base_snapshot is not None:
+                stored_summary = progress_summary_as_of(self.spark, table, base_snapshot, PROGRESS_KEY) or {}
+            stored = watermark_from_summary(stored_summary.get(PROGRESS_KEY))
             # A commit whose outcome was unknown may have landed: then the table already holds it.
             if stored == (topic, delta.watermark) and find_commit(self.spark, table, commit_id) is not None:
                 return
-            if stored != (self.topic, self.watermark):
+            # The click snapshot counted through tells another job's batch that counted only a replay
+            # or a repair (the watermark unchanged) from none.
+            counted = str(self.counted_snapshot) if self.counted_snapshot is not None else None
+            if stored != (self.topic, self.watermark) or stored_summary.get(COUNTED_SNAPSHOT_KEY) != counted:
                 mine = watermark_summary(self.topic, self.watermark)
                 raise ConcurrentWriterError(
                     f"another product_views job committed to {table} (its offsets "
