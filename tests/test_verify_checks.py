@@ -68,6 +68,23 @@ def test_check_clicks_counts_what_it_compared_and_waits_for_the_rejects(spark) -
     ]
 
 
+def test_a_repair_is_planned_for_what_the_topic_holds_and_for_doubles_below_the_stored_offsets(spark) -> None:
+    """`verify --repair` takes missing offsets the topic still holds and offsets doubled below both
+    tables' stored offsets; not what the topic lost, nor doubles at or past the stored offsets (not
+    the ingest's to have written, and a repair there would stop it)."""
+    offsets = [o for o in range(20) if o not in (2, 3, 11)] + [5, 6, 12, 18]  # 18: past rejects' 15
+    fact = _lineage(spark, [(0, o) for o in offsets] + [(1, o) for o in range(4)] + [(1, 4), (1, 4)])
+    rejects = _lineage(spark, [])
+    repairs: list = []
+    result = check_clicks(
+        spark, fact, rejects, {0: 20, 1: 4}, {0: 15, 1: 4}, {0: 3, 1: 0}, "t", repairs=repairs
+    )
+    assert {f.kind for f in result.findings} >= {"missing offsets", "duplicate offsets"}
+    (plan,) = repairs
+    assert plan.readable == [(0, 3, 3), (0, 11, 11)]  # offset 2 is gone from the topic
+    assert plan.duplicates == [(0, 5, 6), (0, 12, 12)]  # not 18 (past 15) nor partition 1's 4 (past 4)
+
+
 def test_offsets_the_topic_no_longer_holds_are_checked_within_the_lake(spark) -> None:
     """Issue 51, item 4: past the topic's retention a loss stays visible. From the first offset the
     lake holds per partition, every offset must be in one of the two tables (the producers are not

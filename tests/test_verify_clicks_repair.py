@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from datetime import UTC, datetime
 
 import pytest
 from ingest_case import Case
@@ -67,6 +68,10 @@ def damage(spark, table: str, statement: str) -> None:
 def sent_fields(sent_at: dict, row: dict, fields: tuple) -> tuple:
     document = json.loads(sent_at[row["kafka_partition"], row["kafka_offset"]])
     return tuple(document[f] for f in fields)
+
+
+def as_utc(moment: datetime) -> datetime:
+    return moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def raw_text(payload: bytes, reject: dict) -> str:
@@ -148,6 +153,7 @@ def test_verify_repair_reads_missing_offsets_again_and_removes_duplicates_beside
     producing.start()
     try:
         wait_for_a_commit(spark, fact, running)  # running before the repair starts
+        repair_began = datetime.now(UTC)
         tables = [case.fact, case.rejects, views_table.removeprefix("lakehouse."), case.topic]
         killed = subprocess.run(
             [sys.executable, "-c", REPAIR_PROCESS, *tables],
@@ -191,6 +197,9 @@ def test_verify_repair_reads_missing_offsets_again_and_removes_duplicates_beside
     # And with what was sent: the rows read again are the records, not just their offsets.
     sent_at = {(p, o): payload for p, o, payload in everything}
     fields = ("webpageId", "uid", "productId", "cookieId", "expendTime")
+    # A reject read again carries its record's Kafka time (replay-rejects bounds updateTime by it).
+    late = [r for r in rejected if (r["kafka_partition"], r["kafka_offset"]) in lost]
+    assert late and all(as_utc(r["ingested_at"]) < repair_began for r in late)
     unlike = [r for r in facts if tuple(r[f] for f in fields) != sent_fields(sent_at, r, fields)]
     assert not unlike, unlike[:3]
     unlike = [

@@ -33,7 +33,8 @@ LOST_HINT = (
     "snapshot's offsets)"
 )
 DUPLICATE_HINT = (
-    "these offsets are stored more than once: `lakehouse verify --repair` keeps each one's first row "
+    "these offsets are stored more than once: below the stored offsets, `lakehouse verify --repair` keeps "
+    "each one's first row "
     "(an offset in both tables it leaves to you: delete the row that is wrong by (kafka_partition, "
     "kafka_offset, ingested_at), or roll back to the snapshot before the one that added it, in "
     "`SELECT * FROM ods_behavior.clickevent.snapshots`)"

@@ -23,8 +23,8 @@ see `lakehouse replay-rejects`), rows at or past the stored offsets (not the ing
 checked yet), and more than MAX_REPAIR_RANGES separate ranges.
 
 One repair at a time: a MERGE that only inserts deletes no file, so snapshot isolation lets two
-repairs at once both insert a missing offset. The check after them finds the doubled offset (and
-the next repair removes it); the view follows the table either way.
+repairs at once both insert a missing offset. The next check (this run's next round, or the next
+run) finds the doubled offset and removes it; the view follows the table either way.
 
 A reject read again gets its record's Kafka time as `ingested_at`: `replay-rejects` bounds a
 record's updateTime by it.
@@ -259,6 +259,11 @@ def repair_table(
             # What an ingest checks before it validates past this commit (`replayed_below`).
             "below": {str(p): max(offsets) + 1 for p, offsets in sorted(touched.items())},
         }
+        if sum(len(pieces) for pieces in summary["ranges"].values()) > MAX_REPAIR_RANGES:
+            raise TooScattered(
+                f"{table}: the rows to write fall in more than {MAX_REPAIR_RANGES:,} separate offset "
+                "ranges: roll the tables back to a snapshot before the damage instead"
+            )
         if dict(load_iceberg_table(spark, table).properties()).get(ISOLATION) != "snapshot":
             spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('{ISOLATION}' = 'snapshot')")
         try:

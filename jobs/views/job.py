@@ -190,7 +190,9 @@ class Delta:
 
     @property
     def counted(self) -> int:
-        """Clicks this delta counted, added or (a repair's) taken off: a batch's work."""
+        """The size of this delta's change: per group, how many clicks it adds or (a repair) takes
+        off, summed; a batch's work as far as the view is concerned (what cancels out within a
+        group does not count)."""
         return sum(abs(n) for n in self.counts.values())
 
 
