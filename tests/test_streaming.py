@@ -449,3 +449,4 @@ def test_verify_finds_and_names_damage_made_behind_the_jobs_back(stack):
     assert found["duplicate offsets"]["examples"] == [named.format(**copied)]
     assert found["missing offsets"]["count"] == found["duplicate offsets"]["count"] == 1
     assert "rollback_to_snapshot" in found["missing offsets"]["hint"]
+    assert "lakehouse verify --repair" in found["missing offsets"]["hint"]

@@ -29,8 +29,9 @@ Offsets = dict[int, int]  # partition -> offset
 LOST_HINT = (
     "the ingest stored these offsets as read but neither table has them; the topic still holds them: "
     "`lakehouse verify --repair` reads them again beside the running ingest (or roll the fact table "
-    "back to a snapshot from before the loss and run the ingest again: it resumes from that "
-    "snapshot's offsets)"
+    "back to a snapshot from before the loss, "
+    "`CALL lakehouse.system.rollback_to_snapshot('ods_behavior.clickevent', <id>)` with ids in "
+    "`ods_behavior.clickevent.history`, and run the ingest again: it resumes from that snapshot's offsets)"
 )
 DUPLICATE_HINT = (
     "these offsets are stored more than once: below the stored offsets, `lakehouse verify --repair` keeps "
