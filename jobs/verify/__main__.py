@@ -92,28 +92,41 @@ def click_tables(config: LakehouseConfig):
 
 
 def repaired_clicks(spark, config: LakehouseConfig) -> CheckResult:
-    """Check, repair what is wrong, check again (`repair.ROUNDS` checks at most), as for a dimension."""
+    """The click check with its repair (`repair_rounds`); a repair that mended nothing ends it: what
+    remains is not repairable here (its notes say why)."""
     from jobs.common.kafka_client import kafka_client_config
     from jobs.verify.clicks_repair import repair_clicks
+
+    def repair(plan) -> tuple[str, int]:
+        outcome = repair_clicks(spark, plan, click_tables(config), lambda: kafka_client_config(config.kafka))
+        return outcome.note(), outcome.rows
+
+    return repair_rounds(lambda repairs: verify_clicks(spark, config, repairs), repair, stop_at_nothing=True)
+
+
+def repair_rounds(check, repair, stop_at_nothing: bool = False) -> CheckResult:
+    """Check, repair what is wrong, check again (`repair.ROUNDS` checks at most): the result of the
+    last check, with what was repaired in its notes. `check(repairs)` appends its repair plan to
+    `repairs` (None: the last check, plan nothing); `repair(plan)` returns (its note, how many keys
+    or rows it repaired). `stop_at_nothing`: a repair of nothing ends the rounds."""
     from jobs.verify.repair import ROUNDS
 
     began, done, repaired = time.monotonic(), [], 0
     for round_ in range(ROUNDS):
         repairs: list = []
-        result = verify_clicks(spark, config, repairs if round_ < ROUNDS - 1 else None)
+        result = check(repairs if round_ < ROUNDS - 1 else None)
         if not repairs:
             break
         (plan,) = repairs
         try:
-            tables = click_tables(config)
-            outcome = repair_clicks(spark, plan, tables, lambda: kafka_client_config(config.kafka))
+            note, count = repair(plan)
         except Exception as exc:  # noqa: BLE001 - the findings stand; the repair says why it failed
             result.notes.append(f"repair failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
             break
-        done.append(outcome.note())
-        repaired += outcome.rows
-        if not outcome.rows:
-            break  # what remains is not repairable here (its notes say why)
+        done.append(note)
+        repaired += count
+        if stop_at_nothing and not count:
+            break
     result.notes = [*done, *result.notes]
     result.repaired = repaired
     result.seconds = round(time.monotonic() - began, 2)
@@ -256,35 +269,21 @@ def verify_dimensions(
 
 
 def repaired_dimension(arguments: tuple, settings: dict, server_id: int, is_mariadb: bool) -> CheckResult:
-    """Check, repair what is wrong, check again (`repair.ROUNDS` checks at most): the result of the
-    last check, with what was repaired in its notes."""
+    """The dimension check with its repair (`repair_rounds`)."""
     from jobs.cdc.reconcile import changed_keys
     from jobs.verify.dimensions import check_dimension
-    from jobs.verify.repair import ROUNDS, repair_dimension
+    from jobs.verify.repair import repair_dimension
 
     spark, source = arguments[0], arguments[3]
-    began, done, repaired = time.monotonic(), [], 0
-    for round_ in range(ROUNDS):
-        repairs: list = []
-        result = check_dimension(*arguments, repairs=repairs if round_ < ROUNDS - 1 else None)
-        if not repairs:
-            break
-        (plan,) = repairs
 
+    def repair(plan) -> tuple[str, int]:
         def changed_since(start, end, key=plan.source.key):
             return changed_keys(settings, server_id, source, key, start, end, is_mariadb)
 
-        try:
-            outcome = repair_dimension(spark, plan, changed_since)
-        except Exception as exc:  # noqa: BLE001 - the findings stand; the repair says why it failed
-            result.notes.append(f"repair failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
-            break
-        done.append(outcome.note())
-        repaired += outcome.written + outcome.deleted
-    result.notes = [*done, *result.notes]
-    result.repaired = repaired
-    result.seconds = round(time.monotonic() - began, 2)
-    return result
+        outcome = repair_dimension(spark, plan, changed_since)
+        return outcome.note(), outcome.written + outcome.deleted
+
+    return repair_rounds(lambda repairs: check_dimension(*arguments, repairs=repairs), repair)
 
 
 def run_checks(

@@ -59,6 +59,7 @@ from jobs.config import ConfigError
 from jobs.ingest.kafka_source import FetchSettings, OffsetRange, fetch_ranges
 from jobs.ingest.products_dimension import read_products
 from jobs.ingest.validation import rejected_records, to_click_events, to_rejects, valid_click_events
+from jobs.verify.repair import OP, merge_statement
 
 log = logging.getLogger("verify.clicks_repair")
 
@@ -68,7 +69,6 @@ ISOLATION = "write.merge.isolation-level"
 # More separate offset ranges than this: a rollback is the better repair (each range is a piece of
 # the commit's summary and of the views job's reading of it).
 MAX_REPAIR_RANGES = 10_000
-_OP = "_lakehouse_repair_op"
 _RANK = "_lakehouse_rank"
 
 
@@ -172,25 +172,13 @@ def read_at(spark: SparkSession, table: str, snapshot: int | None) -> DataFrame 
 
 
 def duplicates_of(rows: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """(offsets stored more than once, the row of each kept: the one ingested first)."""
+    """(offsets stored more than once with their row counts, the row of each kept: the one ingested
+    first)."""
     order = Window.partitionBy(*LINEAGE).orderBy("ingested_at")
     ranked = rows.withColumn(_RANK, F.row_number().over(order))
-    repeated = rows.groupBy(*LINEAGE).count().where("count > 1").select(*LINEAGE)
-    kept = ranked.where(F.col(_RANK) == 1).drop(_RANK).join(repeated, LINEAGE, "left_semi")
+    repeated = rows.groupBy(*LINEAGE).count().where("count > 1")
+    kept = ranked.where(F.col(_RANK) == 1).drop(_RANK).join(repeated.select(*LINEAGE), LINEAGE, "left_semi")
     return repeated, kept
-
-
-def merge_statement(table: str, view: str, columns: list[str]) -> str:
-    """Each duplicated offset's rows are matched by its one 'delete' row (one source row per
-    target row); the 'insert' rows never match and are inserted."""
-    names = ", ".join(f"`{c}`" for c in columns)
-    values = ", ".join(f"s.`{c}`" for c in columns)
-    return (
-        f"MERGE INTO {table} t USING {view} s ON t.kafka_partition = s.kafka_partition "
-        f"AND t.kafka_offset = s.kafka_offset AND s.{_OP} = 'delete' "
-        "WHEN MATCHED THEN DELETE "
-        f"WHEN NOT MATCHED AND s.{_OP} = 'insert' THEN INSERT ({names}) VALUES ({values})"
-    )
 
 
 def repair_table(
@@ -216,10 +204,10 @@ def repair_table(
         if current is not None and duplicates:
             repeated, kept = duplicates_of(in_offset_ranges(current, duplicates))
             kept = kept.localCheckpoint(eager=True)
-            repeated_offsets = [(r[0], r[1]) for r in repeated.collect()]
+            counted = repeated.collect()
+            repeated_offsets = [(r[0], r[1]) for r in counted]
             if repeated_offsets:
-                removed = in_offset_ranges(current, duplicates).join(repeated, LINEAGE, "left_semi").count()
-                removed -= len(repeated_offsets)
+                removed = sum(r["count"] - 1 for r in counted)
                 deletes = kept.select(
                     *[
                         F.col(c) if c in LINEAGE else F.lit(None).cast(kept.schema[c].dataType).alias(c)
@@ -227,8 +215,8 @@ def repair_table(
                     ]
                 )
                 parts += [
-                    deletes.withColumn(_OP, F.lit("delete")),
-                    kept.select(*columns).withColumn(_OP, F.lit("insert")),
+                    deletes.withColumn(OP, F.lit("delete")),
+                    kept.select(*columns).withColumn(OP, F.lit("insert")),
                 ]
                 for p, o in repeated_offsets:
                     touched.setdefault(p, []).append(o)
@@ -241,7 +229,7 @@ def repair_table(
             lineage = [(r[0], r[1]) for r in fresh.select(*LINEAGE).collect()]
             if lineage:
                 added = len(lineage)
-                parts.append(fresh.withColumn(_OP, F.lit("insert")))
+                parts.append(fresh.withColumn(OP, F.lit("insert")))
                 for p, o in lineage:
                     touched.setdefault(p, []).append(o)
         outcome = TableRepair(table, added, removed, None)
@@ -267,7 +255,7 @@ def repair_table(
         if dict(load_iceberg_table(spark, table).properties()).get(ISOLATION) != "snapshot":
             spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('{ISOLATION}' = 'snapshot')")
         try:
-            statement = merge_statement(table, view, columns)
+            statement = merge_statement(table, view, {c: c for c in columns}, tuple(LINEAGE))
             with_snapshot_properties(spark, {REPAIR_KEY: json.dumps(summary)}, lambda: spark.sql(statement))
         finally:
             spark.catalog.dropTempView(view)

@@ -43,7 +43,7 @@ log = logging.getLogger("verify.repair")
 # More differing keys than this: a re-snapshot (`lakehouse run cdc --resync`) is the better repair.
 MAX_REPAIR_KEYS = 100_000
 ROUNDS = 3  # check, repair, check again: a repair that raced a CDC commit is redone
-_OP = "_lakehouse_repair_op"
+OP = "_lakehouse_repair_op"  # a repair MERGE source row's role: 'delete' or 'insert'
 
 
 @dataclass
@@ -116,9 +116,9 @@ def merge_statement(target: str, view: str, columns: dict[str, str], key: tuple[
     names = ", ".join(identifier(lake) for lake in columns.values())
     values = ", ".join(f"s.{identifier(source)}" for source in columns)
     return (
-        f"MERGE INTO {target} t USING {view} s ON {on} AND s.{_OP} = 'delete' "
+        f"MERGE INTO {target} t USING {view} s ON {on} AND s.{OP} = 'delete' "
         "WHEN MATCHED THEN DELETE "
-        f"WHEN NOT MATCHED AND s.{_OP} = 'insert' THEN INSERT ({names}) VALUES ({values})"
+        f"WHEN NOT MATCHED AND s.{OP} = 'insert' THEN INSERT ({names}) VALUES ({values})"
     )
 
 
@@ -150,8 +150,8 @@ def repair_dimension(spark, plan: DimensionRepair, changed_since) -> RepairOutco
         others = [c for c in plan.columns if c not in key]
         deletes = deletes.select(
             *key_names, *(F.lit(None).cast(plan.schema[c].dataType).alias(c) for c in others)
-        ).withColumn(_OP, F.lit("delete"))
-        inserts = spark.createDataFrame(rows, plan.schema).withColumn(_OP, F.lit("insert"))
+        ).withColumn(OP, F.lit("delete"))
+        inserts = spark.createDataFrame(rows, plan.schema).withColumn(OP, F.lit("insert"))
         deletes.select(*inserts.columns).unionByName(inserts).createOrReplaceTempView(view)
         summary = {
             "id": repair_id,

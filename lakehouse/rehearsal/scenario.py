@@ -426,12 +426,16 @@ class Rehearsal:
             connection.close()
         return Decimal(price)
 
+    def _catalog(self):
+        """The rehearsal's catalog (the one its steps commit to), for the checks' own reads and damage."""
+        from lakehouse.local.catalog import pyiceberg_catalog
+
+        return pyiceberg_catalog(self.work_dir / "catalog.db", self.work_dir)
+
     def _lake(self) -> dict[str, list[dict]]:
         from pyiceberg.exceptions import NoSuchTableError
 
-        from lakehouse.local.catalog import pyiceberg_catalog
-
-        catalog = pyiceberg_catalog(self.work_dir / "catalog.db", self.work_dir)
+        catalog = self._catalog()
         tables = {}
         for namespace in catalog.list_namespaces():
             for identifier in catalog.list_tables(namespace):
@@ -445,11 +449,7 @@ class Rehearsal:
     def _delete_a_dimension_row(self, state: dict) -> None:
         from pyiceberg.expressions import EqualTo
 
-        from lakehouse.local.catalog import pyiceberg_catalog
-
-        table = pyiceberg_catalog(self.work_dir / "catalog.db", self.work_dir).load_table(
-            "dim_db.user_member"
-        )
+        table = self._catalog().load_table("dim_db.user_member")
         with _mysql(state) as connection, connection.cursor() as cursor:
             cursor.execute("SELECT MIN(userid) FROM user_member")
             (userid,) = cursor.fetchone()
@@ -461,11 +461,7 @@ class Rehearsal:
         its retention did to older ones); how many rows went."""
         from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThanOrEqual
 
-        from lakehouse.local.catalog import pyiceberg_catalog
-
-        table = pyiceberg_catalog(self.work_dir / "catalog.db", self.work_dir).load_table(
-            "ods_behavior.clickevent"
-        )
+        table = self._catalog().load_table("ods_behavior.clickevent")
         in_partition = EqualTo("kafka_partition", 0)
         rows = table.scan(row_filter=in_partition, selected_fields=("kafka_offset",)).to_arrow().to_pylist()
         victims = sorted(r["kafka_offset"] for r in rows)[-10:-5]
