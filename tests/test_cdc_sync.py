@@ -612,15 +612,21 @@ def test_snapshot_without_its_barrier_row_says_what_to_grant(spark, app_conn, ma
 
 
 def reader_processes() -> list[str]:
-    """Command lines of the snapshot reader processes running on this machine."""
+    """Command lines of the snapshot reader processes of this session's stack (its LAKEHOUSE_HOME in
+    their environment, inherited from the jobs that started them, killed ones too): `make test`'s
+    other group runs readers of its own stacks at the same time (the rehearsal's, the demo's)."""
+    home = f"LAKEHOUSE_HOME={os.environ.get('LAKEHOUSE_HOME', '')}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         try:
             cmdline = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+            if b"jobs.cdc.chunk_reader" not in cmdline:
+                continue
+            if home not in (entry / "environ").read_bytes().split(b"\0"):
+                continue  # another stack's reader
         except OSError:
             continue
-        if b"jobs.cdc.chunk_reader" in cmdline:
-            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+        found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
     return found
 
 
