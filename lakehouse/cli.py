@@ -591,6 +591,25 @@ def aws_sql(env_name, region, profile, query: str, fmt: str) -> None:
         out.print(table)
 
 
+@aws_group.command(name="request-resync")
+@_operate_command
+@click.argument("tables", nargs=-1, required=True)
+def aws_request_resync(env_name, region, profile, tables: tuple[str, ...]) -> None:
+    """Ask the running CDC job to re-snapshot TABLES (dim_db.<table>) beside the stream."""
+    from lakehouse.aws import operate
+
+    session, config, outputs = _operate(env_name, region, profile)
+    try:
+        step_id = operate.request_resync(session, config, outputs, list(tables))
+    except operate.OperateError as error:
+        _fail(str(error))
+    out.print(
+        f"step {step_id} marks {', '.join(tables)} for a re-snapshot; the running CDC job takes each "
+        f"within about 30 s of the step's end, after any copy before it (`lakehouse aws logs {step_id}`: "
+        "the step's outcome; the CDC job's log names the request)"
+    )
+
+
 @aws_group.command(name="stop")
 @_operate_command
 @click.argument("job")

@@ -266,3 +266,55 @@ def test_a_query_the_lake_refuses_says_how_to_become_a_reader() -> None:
         athena_query(Session(), DeploymentConfig.for_env("prod"), "SELECT 1", poll=lambda _: None)
     assert "Access denied when writing output" in str(raised.value)
     assert "context value lake_readers: add your role's ARN there" in str(raised.value)
+
+
+def test_request_resync_adds_a_step_of_the_deployed_cdc_job_beside_the_running_one(session, deployed) -> None:
+    """The step runs `cdc --request-resync` with the deployed streaming step's spark-submit (the
+    supervisor's streaming-steps.json beside the archive), under a name of its own (a step of the
+    job's own name would stop the running job first); each error is one line saying what to do."""
+    from infra.emr_steps import JobArtifacts, replacing_step_args, spark_submit_args
+
+    artifacts = JobArtifacts("lakehouse-dev-artifacts", "abc123", "x86_64")
+    settings = {"env": "dev", "region": REGION, "kafka_bootstrap": "b-1:9098", "kafka_auth": "iam",
+                "mysql_host": "db", "mysql_port": 3306, "mysql_cdc_secret_id": "arn:s",
+                "mysql_ssl_ca": "rds"}  # fmt: skip
+    submit = spark_submit_args(
+        job="streaming", artifacts=artifacts, job_settings=settings, job_python="python3"
+    )
+    desired = [{"job": "streaming", "version": "abc123", "args": replacing_step_args("streaming", submit)}]
+    args = ["aws", "request-resync", "dim_db.products", "--env", "dev", "--region", REGION]
+    not_uploaded = CliRunner().invoke(main, args)
+    assert not_uploaded.exit_code == 1 and "ArtifactsBucketName" in not_uploaded.output
+    s3 = session.client("s3")
+    s3.create_bucket(Bucket=artifacts.bucket_name)
+    session.client("cloudformation").delete_stack(StackName=DEV.stack_name("Lake"))
+    deploy_stack(
+        session, "Lake", {"WarehouseUri": "s3://w/warehouse", "ArtifactsBucketName": artifacts.bucket_name}
+    )
+    no_steps = CliRunner().invoke(main, args)
+    assert no_steps.exit_code == 1 and "emr/abc123/streaming-steps.json" in no_steps.output
+    s3.put_object(
+        Bucket=artifacts.bucket_name, Key="emr/abc123/streaming-steps.json", Body=json.dumps(desired)
+    )
+    bad = CliRunner().invoke(
+        main, ["aws", "request-resync", "products; rm", "--env", "dev", "--region", REGION]
+    )
+    assert bad.exit_code == 1 and "dim_db.<table>" in bad.output
+
+    result = CliRunner().invoke(main, args)
+
+    assert result.exit_code == 0, result.output
+    emr = session.client("emr")
+    (added,) = [
+        s for s in emr.list_steps(ClusterId=deployed["cluster_id"])["Steps"] if s["Id"] != deployed["step_id"]
+    ]
+    assert added["Id"] in result.output and added["Name"] == operate.REQUEST_RESYNC_STEP
+    step_args = added["Config"]["Args"]
+    assert (
+        step_args[0] == "spark-submit"
+        and step_args[step_args.index("--name") + 1] == operate.REQUEST_RESYNC_STEP
+    )
+    entry = step_args.index(artifacts.entry_point_uri)
+    assert step_args[entry + 1] == "cdc" and step_args[-2:] == ["--request-resync", "dim_db.products"]
+    status = operate.status(session, DEV)  # listed among the pipeline's steps, as its own job
+    assert ("cdc-request-resync", added["Id"]) in [(s["job"], s["id"]) for s in status.steps]

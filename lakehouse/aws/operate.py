@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -15,7 +16,14 @@ from datetime import UTC, datetime, timedelta
 from botocore.exceptions import ClientError
 
 from infra.config import DeploymentConfig
-from infra.emr_steps import BATCH_JOBS, STEP_NAME_PREFIX, streaming_steps  # batch: state machines
+from infra.emr_steps import (  # batch: state machines
+    ARTIFACTS_PREFIX,
+    BATCH_JOBS,
+    STEP_NAME_PREFIX,
+    STREAMING_APPLICATION,
+    STREAMING_STEPS_FILE,
+    streaming_steps,
+)
 
 CONCERNS = ("Network", "Lake", "Streaming", "SourceDatabase", "Compute", "Monitoring", "Jobs")
 LIVE_STEP_STATES = ("PENDING", "RUNNING")
@@ -243,6 +251,69 @@ def stop(session, config: DeploymentConfig, outputs: dict[str, str], job: str) -
         raise OperateError(f"no pending or running step of {job} on cluster {cluster['Id']}")
     emr.cancel_steps(ClusterId=cluster["Id"], StepIds=live)
     return live
+
+
+# ---- a resync asked of the running CDC job --------------------------------------------------------
+
+# The step's (and its YARN application's) name: not the cdc job's own, whose step would stop the
+# running job first (`infra.emr_steps.REPLACE_RUNNING_APP`); no `@version`, so the step supervisor
+# leaves it alone, as it does the batch jobs' steps.
+REQUEST_RESYNC_STEP = f"{STEP_NAME_PREFIX}cdc-request-resync"
+_MAX_EXECUTORS = "spark.dynamicAllocation.maxExecutors="
+_MAX_EXECUTORS_ONE = f"{_MAX_EXECUTORS}1"
+_LAKE_TABLE = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+){1,2}$")
+
+
+def request_resync_args(desired: list[dict], tables: list[str]) -> list[str]:
+    """command-runner.jar arguments of a step running `cdc --request-resync TABLE…`: the deployed
+    CDC step's spark-submit (the supervisor's `streaming-steps.json`: the cdc job's step, or the
+    streaming application's), with the cdc job and a name of its own."""
+    runs_cdc = ("cdc", *STREAMING_APPLICATION)
+    for step in desired:
+        args = [str(arg) for arg in step.get("args", [])]
+        if "spark-submit" not in args or "--name" not in args:
+            continue
+        submit = args[args.index("spark-submit") :]
+        entry = next((i for i, arg in enumerate(submit) if arg.endswith("/emr_step.py")), None)
+        if entry is None or entry + 1 >= len(submit) or submit[entry + 1] not in runs_cdc:
+            continue
+        submit[submit.index("--name") + 1] = REQUEST_RESYNC_STEP
+        # It runs no Spark task (table properties only): at most one executor, not the stream's.
+        submit = [_MAX_EXECUTORS_ONE if arg.startswith(_MAX_EXECUTORS) else arg for arg in submit]
+        requests = [arg for table in tables for arg in ("--request-resync", table)]
+        # After the job: the environment's arguments, the same for every job (`environment_args`).
+        return [*submit[: entry + 1], "cdc", *submit[entry + 2 :], *requests]
+    raise OperateError(
+        "the deployed streaming steps run no CDC job (streaming-steps.json): deploy this release first"
+    )
+
+
+def request_resync(session, config: DeploymentConfig, outputs: dict[str, str], tables: list[str]) -> str:
+    """Add a step that marks `tables` for a re-snapshot by the running CDC job, as `lakehouse run cdc
+    --request-resync` does locally (Athena cannot set the table property); returns its id."""
+    bad = [table for table in tables if not _LAKE_TABLE.match(table)]
+    if not tables or bad:
+        raise OperateError(f"name lake tables as dim_db.<table> (got {', '.join(bad) or 'none'})")
+    cluster = live_cluster(session, config, outputs)
+    bucket, version = outputs.get("ArtifactsBucketName"), outputs.get("JobsVersion")
+    if not bucket or not version:
+        raise OperateError(
+            "the Lake and Jobs stacks name no ArtifactsBucketName and JobsVersion: deploy this release first"
+        )
+    key = f"{ARTIFACTS_PREFIX}/{version}/{STREAMING_STEPS_FILE}"
+    try:
+        desired = json.loads(session.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read())
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            raise OperateError(f"no s3://{bucket}/{key}: the Jobs stack's upload did not finish") from None
+        raise
+    step = {
+        "Name": REQUEST_RESYNC_STEP,
+        "ActionOnFailure": "CONTINUE",
+        "HadoopJarStep": {"Jar": "command-runner.jar", "Args": request_resync_args(desired, tables)},
+    }
+    (step_id,) = session.client("emr").add_job_flow_steps(JobFlowId=cluster["Id"], Steps=[step])["StepIds"]
+    return step_id
 
 
 # ---- sql -----------------------------------------------------------------------------------------

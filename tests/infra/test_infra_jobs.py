@@ -306,3 +306,33 @@ def test_dev_streaming_and_a_batch_job_fit_on_the_core_and_one_task_node(dev):
     jobs, compute = dev.config.jobs, dev.config.compute
     nodes = compute.core_units + compute.task_spot_units + compute.task_on_demand_units
     assert footprint(jobs.streaming_resources) + footprint(jobs.batch_resources) <= nodes * 12
+
+
+def test_a_resync_requested_on_aws_runs_the_deployed_cdc_step_beside_the_running_job(synthesized):
+    """`lakehouse aws request-resync` (lakehouse/aws/operate.py) adds a step built from the deployed
+    streaming steps: the CDC job's own spark-submit (the application's in dev), its job `cdc` with
+    `--request-resync`, under a name of its own: a step named as the job would stop the running job
+    first (REPLACE_RUNNING_APP), and one named `lakehouse-<job>@<version>` the supervisor would cancel."""
+    import importlib
+
+    from lakehouse.aws.operate import REQUEST_RESYNC_STEP, request_resync_args
+
+    deployment = synthesized.stacks.jobs.jobs
+    args = request_resync_args(deployment.streaming_steps, ["dim_db.products", "dim_db.user_member"])
+    assert args[:3] == ["spark-submit", "--deploy-mode", "cluster"]  # no `bash -c` stopping the job
+    assert args[args.index("--name") + 1] == REQUEST_RESYNC_STEP
+    assert REQUEST_RESYNC_STEP not in {
+        f"lakehouse-{job}" for job in (*STREAMING_JOBS, *STREAMING_APPLICATION)
+    }
+    assert f"spark.archives={deployment.artifacts.archive_uri}#pyenv" in args
+    assert "spark.dynamicAllocation.maxExecutors=1" in args
+    entry = args.index(deployment.artifacts.entry_point_uri)
+    assert args[entry + 1] == "cdc"
+    resolved = ["1" if "${Token[" in arg else arg for arg in args[entry + 2 :]]  # (deploy-time values)
+    env_args, _ = importlib.import_module("jobs.cdc.__main__").parse_args(resolved)
+    assert env_args.request_resync == ["dim_db.products", "dim_db.user_member"]
+    (deployed,) = [
+        s["args"] for s in deployment.streaming_steps if s["job"] in ("cdc", *STREAMING_APPLICATION)
+    ]
+    environment = deployed[deployed.index(deployment.artifacts.entry_point_uri) + 2 :]
+    assert args[entry + 2 : entry + 2 + len(environment)] == environment  # the same source, catalog, region

@@ -311,6 +311,14 @@ def test_only_lakehouse_step_names_are_supervised():
     assert sup.observed_step({"Name": "lakehouse-x@1"}) is None  # malformed summary: ignored, no raise
 
 
+def test_a_requested_resyncs_step_is_left_alone():
+    """`lakehouse aws request-resync` adds a step beside the running CDC job: not supervised, so
+    never cancelled as "no longer deployed" (a `lakehouse-<job>@<version>` name would be)."""
+    from lakehouse.aws.operate import REQUEST_RESYNC_STEP
+
+    assert sup.observed_step(_summary(REQUEST_RESYNC_STEP)) is None
+
+
 def _environ(**overrides) -> dict:
     steps = [
         {"job": s.job, "name": s.name, "version": s.version, "args": list(s.args)}
