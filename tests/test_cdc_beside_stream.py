@@ -41,3 +41,43 @@ def test_a_copy_that_may_resume_holds_from_its_old_b_while_queued() -> None:
     resuming = copy(resume=True)
     resuming.hold(at(200), [change(1)])
     assert resuming.unmerged() == [change(1)]
+
+
+def test_a_queued_copy_asked_to_wait_for_its_parents_copy_keeps_what_it_held() -> None:
+    """A parent that waits for its copy has its cascading children copied after it
+    (`_resync_descendants`); a child's copy already queued moves back in the queue. It was asked for
+    again instead: the new copy held only from then on, so a resumed staging table (its B older)
+    missed the changes in between, failed verification and cost an attempt."""
+    import time
+
+    from jobs.cdc.foreign_keys import ForeignKey
+    from jobs.cdc.sync import CdcSync, TableState
+    from jobs.cdc.table_selection import TableSpec
+
+    def state(name: str, resync: BesideStream) -> TableState:
+        table = TableState(TableSpec("db", name, f"lakehouse.dim_db.{name}"), ("id",), [], at(100))
+        table.resync = resync
+        return table
+
+    child_copy = copy(resume=True)  # an interrupted `--resync`, queued first
+    child_copy.hold(at(200), [change(1)])
+    parent_copy = copy()
+    parent_copy.applies_live, parent_copy.began = False, time.monotonic()
+    sync = CdcSync.__new__(CdcSync)
+    sync.tables = {
+        ("db", "parent"): state("parent", parent_copy),
+        ("db", "child"): state("child", child_copy),
+    }
+    sync.foreign_keys = [
+        ForeignKey("fk", ("db", "child"), ("pid",), ("db", "parent"), ("id",), "CASCADE", "CASCADE")
+    ]
+    sync._gone_children = set()
+    asked: list[str] = []
+    sync._request_resync = lambda table, *args, **kwargs: asked.append(table.spec.source_name)
+
+    sync._resync_descendants(sync.tables[("db", "parent")])
+
+    child = sync.tables[("db", "child")]
+    assert asked == [] and child.resync is child_copy
+    assert child_copy.began > parent_copy.began  # after the parent's copy
+    assert child_copy.unmerged() == [change(1)]  # what it held from its old B

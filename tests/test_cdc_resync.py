@@ -142,7 +142,7 @@ def test_a_resync_requested_of_the_running_job_is_copied_beside_the_stream_and_a
     start). One made while the job is stopped is taken at its start. A table that is not in the
     lake, or not synced by CDC, is refused."""
     from jobs.cdc.__main__ import request_resync
-    from jobs.cdc.target_table import pending_resync_request
+    from jobs.cdc.target_table import RESYNC_DONE_PROPERTY, pending_resync_request
 
     name = "cdc_test_requested"
     pair = fresh_test_table(spark, app_conn, name)
@@ -165,10 +165,16 @@ def test_a_resync_requested_of_the_running_job_is_copied_beside_the_stream_and_a
     damage_then_request()
     sync.run_batch()  # it looks
     assert sync.resyncing
+    copy = sync.tables[("user_db", name)].resync
+    assert request_resync(spark, lake_config, [f"dim_db.{name}"]) == 0  # a newer request, mid-copy
+    newer = pending_resync_request(spark, lake)
+    sync.run_batch()  # it looks: the copy under way answers the newer request too, not started again
+    assert sync.tables[("user_db", name)].resync is copy
     sync.request_poll_seconds = 3_600  # it looks no more: the swap itself answers the request
-    assert pending_resync_request(spark, lake) is not None  # until the copy is in
+    assert pending_resync_request(spark, lake) == newer  # until the copy is in
     run_until_swapped(sync)
     assert pending_resync_request(spark, lake) is None
+    assert load_iceberg_table(spark, lake).properties()[RESYNC_DONE_PROPERTY] == newer
     catch_up(sync)
     assert sync.errors == []
     assert_converged(spark, app_conn, name)
@@ -215,8 +221,11 @@ def corrupting_builds(monkeypatch, bad_builds: int) -> list[str]:
 
 
 def test_a_copy_that_does_not_verify_is_built_again_and_never_swapped_in(
-    spark, app_conn, make_sync, monkeypatch, caplog
+    spark, app_conn, make_sync, monkeypatch, caplog, lake_config
 ) -> None:
+    from jobs.cdc.__main__ import request_resync
+    from jobs.cdc.target_table import pending_resync_request
+
     name = "cdc_test_resync_verify"
     pair = fresh_test_table(spark, app_conn, name)
     seed_rows(app_conn, name, 2_000)
@@ -239,11 +248,16 @@ def test_a_copy_that_does_not_verify_is_built_again_and_never_swapped_in(
     assert os.path.isdir(f"{folder}/data") and not os.path.exists(f"{folder}/metadata")
     sync.close()
 
-    # Every copy wrong: the table stays as it was, synced, and the job says so (exit 2 at its end).
+    # Every copy wrong (this time a request of the running job): the table stays as it was, synced,
+    # and the job says so (exit 2 at its end); the failed copy answers the request (not asked again).
     monkeypatch.setattr("jobs.cdc.sync.ATTEMPTS", 2)
     monkeypatch.setattr("jobs.cdc.resync.ATTEMPTS", 2)
     built = corrupting_builds(monkeypatch, bad_builds=99)
-    sync = make_sync(pair, resync=(f"user_db.{name}",))
+    sync = make_sync(pair)
+    sync.request_poll_seconds = 0
+    assert request_resync(spark, lake_config, [f"dim_db.{name}"]) == 0
+    sync.run_batch()  # it looks
+    assert sync.resyncing
     run_until_swapped(sync)
     with app_conn.cursor() as cur:
         cur.execute(f"UPDATE {name} SET qty = 4242 WHERE id = 'k00009'")
@@ -253,6 +267,12 @@ def test_a_copy_that_does_not_verify_is_built_again_and_never_swapped_in(
     assert "failed 2 times" in error and "k00007" in error and "syncs as before" in error, error
     assert_converged(spark, app_conn, name)  # the live table kept receiving changes
     assert snapshot.staging_tables(spark, lake) == []
+    assert pending_resync_request(spark, lake) is None  # answered by the failed copy, at the next look
+    sync.close()
+    again = make_sync(pair)
+    again.run_batch()  # its first batch looks: nothing pending, nothing copied
+    assert not again.resyncing and len(built) == 2
+    again.close()
 
 
 def run_in_source(connect, statements) -> None:
@@ -447,6 +467,15 @@ def test_a_child_waiting_for_its_copy_passes_the_cascades_on_to_its_own_children
     assert sum(mysql_rows(app_conn, "fk_grandchild", ["id"]).values()) == 40  # 8 went with 4 children
 
 
+def seeded_and_synced(spark, app_conn, make_sync, name: str, rows: int = 200):
+    """A fresh source table of `rows` rows, synced: (its pair, the job caught up on it)."""
+    pair = fresh_test_table(spark, app_conn, name)
+    seed_rows(app_conn, name, rows)
+    sync = make_sync(pair)
+    catch_up(sync)
+    return pair, sync
+
+
 def test_values_the_source_rewrote_are_re_snapshotted_even_when_the_job_stops_mid_copy(
     spark, app_conn, make_sync, monkeypatch
 ) -> None:
@@ -457,10 +486,7 @@ def test_values_the_source_rewrote_are_re_snapshotted_even_when_the_job_stops_mi
     from jobs.cdc.sync import CdcSync
 
     name = "cdc_test_resync_rewritten"
-    pair = fresh_test_table(spark, app_conn, name)
-    seed_rows(app_conn, name, 200)
-    sync = make_sync(pair)
-    catch_up(sync)
+    pair, sync = seeded_and_synced(spark, app_conn, make_sync, name)
     with app_conn.cursor() as cur:
         cur.execute("SET SESSION sql_mode = ''")
         cur.execute(f"UPDATE {name} SET name = CONCAT(name, '-long') WHERE qty % 2 = 0")
@@ -484,6 +510,43 @@ def test_values_the_source_rewrote_are_re_snapshotted_even_when_the_job_stops_mi
     catch_up(restarted)
     assert restarted.errors == []
     assert_converged(spark, app_conn, name)
+
+
+def test_a_re_snapshot_whose_source_is_gone_keeps_the_table_as_of_its_position(
+    spark, app_conn, make_sync
+) -> None:
+    """A column change that rewrote values without row events asks for a re-snapshot; when the
+    job reads it, the source table is already gone (its DROP ahead in the binlog). There is nothing
+    to copy: the lake table is kept with the rows it had before the change, marked, and not stopped
+    (it was stopped with "cannot start: source table missing; --resync", for a table --resync
+    cannot copy; the CDC fuzzer met it twice)."""
+    name = "cdc_test_resync_gone"
+    pair, sync = seeded_and_synced(spark, app_conn, make_sync, name)
+    with app_conn.cursor() as cur:
+        cur.execute(f"UPDATE {name} SET name = CONCAT(name, '-long'), qty = qty + 1 WHERE qty % 3 = 0")
+    app_conn.commit()
+    before = mysql_rows(app_conn, f"user_db.{name}", COLUMNS)  # what the lake must keep
+    with app_conn.cursor() as cur:
+        cur.execute("SET SESSION sql_mode = ''")
+        cur.execute(f"ALTER TABLE {name} MODIFY name VARCHAR(6) NOT NULL")  # no row events
+        cur.execute("SET SESSION sql_mode = DEFAULT")
+        cur.execute(f"INSERT INTO {name} (id, name, qty, price) VALUES ('after', 'after', 1, 1)")
+        cur.execute(f"DROP TABLE {name}")
+    app_conn.commit()
+
+    catch_up(sync)
+
+    state = sync.tables[("user_db", name)]
+    assert sync.errors == [] and state.error is None
+    assert state.dropped is not None and state.dropped.startswith("after "), state.dropped
+    assert "a re-snapshot was under way" in state.dropped
+    assert iceberg_rows(spark, f"lakehouse.dim_db.{name}", COLUMNS) == before
+    sync.close()
+    restarted = make_sync(pair)  # the mark holds: kept, not synced, not an error
+    catch_up(restarted)
+    assert restarted.errors == []
+    assert restarted.tables[("user_db", name)].dropped == state.dropped
+    assert iceberg_rows(spark, f"lakehouse.dim_db.{name}", COLUMNS) == before
 
 
 def test_kill_9_mid_resync_leaves_the_table_as_it_was_and_the_next_resync_resumes(

@@ -560,11 +560,13 @@ class CdcSync(StreamingJob):
         conn: pymysql.Connection | None = None,
         hold_from: BinlogPosition | None = None,
         descendants: bool = True,
+        resume: bool | None = None,
     ) -> None:
         """Re-snapshot `state`'s table beside the stream; one already under way starts again.
         `applies_live` (default: whether it applies now): the live table goes on receiving changes.
         `hold_from`: the B of an interrupted copy it may resume (default: the source's binlog end).
-        `descendants`: a table that waits for its copy has its cascading children copied after it."""
+        `descendants`: a table that waits for its copy has its cascading children copied after it.
+        `resume` (default: for `--resync`): an interrupted staging table may be resumed."""
         spec = state.spec
         applies_live = state.applies if applies_live is None else applies_live
         self._call_off(state)
@@ -574,7 +576,13 @@ class CdcSync(StreamingJob):
             described = source_db.describe_table(conn, spec.source_schema, spec.source_name)
             # Every DDL up to here is in the copy (its position is read later).
             floor = BinlogPosition(*source_db.master_position(conn))
-        except (source_db.MissingTable, source_db.NoPrimaryKey) as exc:
+        except source_db.MissingTable as exc:  # by a DDL, a cascade, a request: its DROP is ahead
+            if state.gone_by is not None:  # followed to a DROP while the job was stopped: as it says
+                self._stop_table(state, f"re-snapshot ({why}) cannot start: {exc}; {resync_hint(spec)}")
+            else:
+                self._gone_for_copy(state, applies_live and state.live, self._lake_position(state), why)
+            return
+        except source_db.NoPrimaryKey as exc:
             self._stop_table(state, f"re-snapshot ({why}) cannot start: {exc}; {resync_hint(spec)}")
             return
         finally:
@@ -595,12 +603,9 @@ class CdcSync(StreamingJob):
             applies_live=applies_live,
             floor=floor,
             hold_from=hold_from,
-            lake_position=(
-                position_commit.stored_position(self.spark, spec.target)
-                if target_table.table_exists(self.spark, spec.target)
-                else None
-            ),
-            resume=why == "--resync",  # an interrupted `--resync` goes on; the reader started before it
+            lake_position=self._lake_position(state),
+            # An interrupted `--resync` goes on (the reader started before its B).
+            resume=why == "--resync" if resume is None else resume,
         )
         log.info(
             "%s: re-snapshot beside the stream (%s)%s; the other tables go on",
@@ -674,7 +679,11 @@ class CdcSync(StreamingJob):
                        "cascade to meanwhile are read after it")  # fmt: skip
                 self._request_resync(child, why, applies_live=True, descendants=False)
             elif child.resync is not None and child.resync.began <= state.resync.began:
-                self._request_resync(child, child.resync.why, child.resync.applies_live, descendants=False)
+                if child.resync.phase is Phase.QUEUED:  # not started: it only moves back in the queue,
+                    child.resync.began = time.monotonic()  # keeping what it holds (from an old B)
+                else:  # under way: built again after it, afresh (it held from its own B only)
+                    self._request_resync(child, child.resync.why, child.resync.applies_live,
+                                         descendants=False, resume=False)  # fmt: skip
 
     def _build_beside(self, spec: TableSpec, cancelled, on_position, resume: bool) -> snapshot.BuiltSnapshot:
         """In the resync's thread: the staging table with the source's rows at B."""
@@ -778,26 +787,46 @@ class CdcSync(StreamingJob):
         finally:
             conn.close()
 
-    def _kept_while_copied(self, state: TableState, beside: BesideStream) -> str:
+    def _kept_while_copied(self, state: TableState, lake_position: BinlogPosition | None) -> str:
         """Where a table that waited for its copy is kept as of, its source gone: not the DROP (it
         received no changes meanwhile), but an older table's own mark or the position it stored."""
         kept = target_table.source_dropped(self.spark, state.spec.target)
-        return kept or f"after {beside.lake_position or state.position} (a re-snapshot was under way)"
+        return kept or f"after {lake_position or state.position} (a re-snapshot was under way)"
 
     def _gone_while_copied(self, state: TableState) -> None:
         """The source table went while its copy was built (a DROP the reader has yet to deliver, or
-        one from before the copy's position): as a DROP, not as a failed copy. A table still applied
-        to takes its last changes, then the DROP, from the stream in binlog order."""
+        one from before the copy's position): as a DROP, not as a failed copy."""
         applies, beside = state.applies, state.resync
         self._call_off(state)
-        if applies:
+        self._gone_for_copy(state, applies, beside.lake_position)
+
+    def _lake_position(self, state: TableState) -> BinlogPosition | None:
+        """The position the lake table stores (None: no lake table, or none stored)."""
+        if not target_table.table_exists(self.spark, state.spec.target):
+            return None
+        return position_commit.stored_position(self.spark, state.spec.target)
+
+    def _gone_for_copy(
+        self, state: TableState, applies: bool, lake_position: BinlogPosition | None, why: str = ""
+    ) -> None:
+        """A copy with no source table to copy (its DROP, or RENAME away, still ahead in the binlog;
+        or one from before the copy's position). A table still applied to takes its last changes,
+        then the DROP, from the stream in binlog order; one that waits (its values rewritten without
+        row events, a replaced table) is kept as of the position it stored; a table never copied yet
+        is not synced."""
+        spec = state.spec
+        if why:
+            log.warning("%s: re-snapshot (%s) not started: its source table %s is gone (its DROP is ahead "
+                        "in the binlog)", spec.target, why, spec.source)  # fmt: skip
+        if applies:  # its changes, then the DROP, come from the stream
             return
-        if target_table.table_exists(self.spark, state.spec.target):
-            self._source_dropped(state, self._kept_while_copied(state, beside))
+        if target_table.table_exists(self.spark, spec.target):
+            self._source_dropped(state, self._kept_while_copied(state, lake_position))
         else:
-            self.reader.unfollow(state.spec.source_key)
-            del self.tables[state.spec.source_key]
-            log.warning("%s: created, then dropped before its snapshot; not synced", state.spec.source)
+            if self.reader is not None:
+                self.reader.unfollow(spec.source_key)
+            del self.tables[spec.source_key]
+            log.warning("%s: created, then dropped before its snapshot; not synced", spec.source)
 
     def _resync_again(self, state: TableState, problem: str) -> None:
         beside = state.resync
@@ -1319,7 +1348,7 @@ class CdcSync(StreamingJob):
         if beside.applies_live:
             return True
         if target_table.table_exists(self.spark, state.spec.target):
-            self._source_dropped(state, self._kept_while_copied(state, beside), statement)
+            self._source_dropped(state, self._kept_while_copied(state, beside.lake_position), statement)
         else:  # created and dropped before its first copy was swapped in
             self.reader.unfollow(state.spec.source_key)
             del self.tables[state.spec.source_key]
