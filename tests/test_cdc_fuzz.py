@@ -68,13 +68,16 @@ def run_killed(server_id: int, when: str, seconds: float) -> str:
 @pytest.mark.stack
 @pytest.mark.timeout(3600 if FUZZING else 600)
 def test_cdc_keeps_every_table_equal_to_its_source_or_says_why(spark, lake_config, local_stack):
-    from lakehouse.local.mariadb import APP_USER
+    from lakehouse.local.mariadb import APP_USER, CDC_USER
     from lakehouse.local.settings import load_or_create_secrets
 
     secrets = load_or_create_secrets(local_stack.settings)
 
     def connect_app():
         return local_stack.mariadb.connect(APP_USER, secrets["mysql_app_password"])
+
+    def connect_observer():  # reads the binlog's end too, as CDC's user may
+        return local_stack.mariadb.connect(CDC_USER, secrets["mysql_cdc_password"])
 
     def make_sync(server_id: int, resync: tuple[str, ...] = ()) -> CdcSync:
         selection = TableSelection.from_args(lake_config, (), (f"{cdc_fuzz.DATABASE}.*",), ())
@@ -83,9 +86,12 @@ def test_cdc_keeps_every_table_equal_to_its_source_or_says_why(spark, lake_confi
         ).start()
 
     fresh_source_database(local_stack, cdc_fuzz.DATABASE)  # the grants outlive its DROP DATABASE
-    machine = cdc_fuzz.cdc_machine(spark, lake_config, connect_app, catch_up, make_sync, run_killed, KILLS)
+    machine = cdc_fuzz.cdc_machine(
+        spark, lake_config, connect_app, connect_observer, catch_up, make_sync, run_killed, KILLS
+    )
     cdc_fuzz.STATEMENTS.clear()
     cdc_fuzz.STOPPED.clear()
+    cdc_fuzz.KEPT_COMPARED.clear()
     try:
         run_state_machine_as_test(
             machine,
@@ -108,4 +114,6 @@ def test_cdc_keeps_every_table_equal_to_its_source_or_says_why(spark, lake_confi
             print(f"  {count:5d}  {kind}")
         for reason, count in sorted(cdc_fuzz.STOPPED.items()):
             print(f"  stopped {count:3d}x: {reason}")
+        for kept_as_of, count in sorted(cdc_fuzz.KEPT_COMPARED.items()):
+            print(f"  dropped tables kept as of {kept_as_of}, equal to the source there: {count}")
     assert statements >= EXAMPLES  # every sequence ran statements, each ended at a checked quiet point
