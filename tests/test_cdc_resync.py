@@ -657,6 +657,43 @@ def test_kill_9_after_the_swap_keeps_the_files_the_table_took_from_the_copy(
     assert assert_converged(spark, app_conn, name) == 3_000
 
 
+def test_the_staging_table_dropped_after_a_swap_keeps_its_files_whatever_its_uri_spelling(
+    spark, tmp_path
+) -> None:
+    """Whether the target took the staging table's files is decided by the files themselves, not by
+    the staging table's location as a text prefix: a location written `file:///…` (as the rehearsal's
+    warehouse is) has data files `file:/…`, so the prefix never matched, the drop PURGEd the files
+    the swap had just given the target, and the next reader failed (`make rehearse`, a requested
+    resync of dim_db.products: the report step's FileNotFoundException)."""
+    target, staging = (
+        "lakehouse.dim_db.cdc_test_swap_uri",
+        "lakehouse.dim_db.cdc_test_swap_uri__cdc_snapshot_0",
+    )
+    for table in (target, staging):
+        spark.sql(f"DROP TABLE IF EXISTS {table}")
+    spark.sql(f"CREATE TABLE {target} (id INT, v STRING) USING iceberg")
+    spark.sql(f"INSERT INTO {target} VALUES (1, 'old')")
+    jvm = spark.sparkContext._jvm  # (Spark's LOCATION clause would write it `file:/…`)
+    catalog = spark._jsparkSession.sessionState().catalogManager().catalog("lakehouse").icebergCatalog()
+    catalog.createTable(
+        jvm.org.apache.iceberg.catalog.TableIdentifier.parse(staging.split(".", 1)[1]),
+        load_iceberg_table(spark, target).schema(),
+        jvm.org.apache.iceberg.PartitionSpec.unpartitioned(),
+        f"file://{tmp_path}/staging",
+        jvm.java.util.HashMap(),
+    )
+    spark.sql(f"INSERT INTO {staging} VALUES (1, 'new'), (2, 'new')")
+    try:
+        assert load_iceberg_table(spark, staging).location().startswith("file:///")
+        assert snapshot._swap_files(spark, staging, target, {})
+        snapshot.drop_staging(spark, staging, target)
+        assert not spark.catalog.tableExists(staging)
+        assert sorted(tuple(r) for r in spark.table(target).collect()) == [(1, "new"), (2, "new")]
+    finally:
+        for table in (target, staging):
+            spark.sql(f"DROP TABLE IF EXISTS {table}")
+
+
 def test_a_clean_up_failing_after_the_swap_keeps_the_swap_and_the_stream(
     spark, app_conn, make_sync, monkeypatch
 ) -> None:

@@ -623,10 +623,13 @@ def drop_staging(spark, staging: str, target: str) -> None:
     if not target_table.table_exists(spark, staging):
         return
     table = load_iceberg_table(spark, staging)
-    folder = table.location().rstrip("/") + "/"
+    # By the files themselves: the swap added the staging table's DataFiles as they are. Not by the
+    # staging table's location as a text prefix: `file:///w/…` has data files `file:/w/…` (the
+    # rehearsal's warehouse), and a prefix that never matched PURGEd the files the target had taken.
     shared = target_table.table_exists(spark, target) and bool(
         spark.sql(
-            f"SELECT 1 FROM {target}.all_data_files WHERE startswith(file_path, '{folder}') LIMIT 1"
+            f"SELECT 1 FROM {target}.all_data_files AS t JOIN {staging}.all_data_files AS s "
+            "ON t.file_path = s.file_path LIMIT 1"
         ).collect()
     )
     if not shared:
