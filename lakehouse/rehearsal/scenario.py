@@ -8,7 +8,8 @@ packaged artifact only, on this machine.
    rendered into `spark-defaults.conf` / `spark-env.sh`, the bootstrap actions run with their
    template arguments, then a Spark standalone master and worker.
 3. The steps, with their template arguments (values substituted, see `substitutions.py`): gendata
-   (its state machine), the supervisor's streaming step(s) until the lake holds what went in, then
+   (its state machine), the supervisor's streaming step(s) until the lake holds what went in, the
+   step `lakehouse aws request-resync` adds (answered by the running CDC job with a copy), then
    report, maintain and verify (their state machines; verify exits 1 on a mismatch). One line per
    step: arguments, result, time.
 4. The verdict: the lake compared with the topic and the source tables, as multisets, by the
@@ -252,6 +253,7 @@ class Rehearsal:
         failure: BaseException | None = None
         try:
             self._wait_for_lake(topic, bad, state, running)
+            self._request_a_resync(streaming, env, running)
         except BaseException as error:  # stop the steps first, then report what went wrong
             failure = error
         for step, process, began in running:
@@ -407,6 +409,47 @@ class Rehearsal:
                 return
             time.sleep(2)
         raise RehearsalFailed(f"the streaming step did not bring the lake up to date in {timeout:.0f}s")
+
+    def _request_a_resync(self, streaming: list[StepDefinition], env: dict[str, str], running,
+                          timeout: float = 300) -> None:  # fmt: skip
+        """`lakehouse aws request-resync dim_db.products`: its step, built from the deployed streaming
+        steps as the command builds it, run beside the streaming step; the running CDC job must take
+        the request and answer it with a copy swapped in (its log says so; a copy that failed would
+        answer it too, with its line)."""
+        from jobs.cdc.target_table import RESYNC_DONE_PROPERTY, RESYNC_REQUEST_PROPERTY
+        from lakehouse.aws.operate import REQUEST_RESYNC_STEP, request_resync_args
+
+        table = "dim_db.products"
+        args = request_resync_args([{"args": step.args} for step in streaming], [table])
+        step = StepDefinition("cdc-request-resync", REQUEST_RESYNC_STEP, "command-runner.jar", args,
+                              "lakehouse aws request-resync")  # fmt: skip
+        began = time.monotonic()
+        self._run_step(step, env)
+        requested = self._catalog().load_table(table).properties.get(RESYNC_REQUEST_PROPERTY)
+        if requested is None:
+            raise RehearsalFailed(f"step {step.name} left no request on {table}")
+        swapped = f"re-snapshotted beside the stream (requested {requested})"
+        while True:
+            for streaming_step, process, _ in running:
+                if process.poll() is not None:
+                    raise RehearsalFailed(f"step {streaming_step.name} ended ({process.returncode}) before "
+                                          f"it answered the request on {table}")  # fmt: skip
+            if self._catalog().load_table(table).properties.get(RESYNC_DONE_PROPERTY) == requested:
+                logs = "".join(
+                    (self.work_dir / "steps" / s.job / name).read_text(errors="replace")
+                    for s, _, _ in running
+                    for name in ("stdout", "stderr")
+                )
+                if swapped not in logs:
+                    raise RehearsalFailed(f"the CDC job answered the request on {table} without a copy "
+                                          f"swapped in (no '{swapped}' in its log)")  # fmt: skip
+                self.log(f"{table}: re-snapshot {requested} taken by the running CDC job and swapped in "
+                         f"{time.monotonic() - began:.0f}s after the request step started")  # fmt: skip
+                return
+            if time.monotonic() - began > timeout:
+                raise RehearsalFailed(f"the running CDC job did not answer the request {requested} on "
+                                      f"{table} in {timeout:.0f}s")  # fmt: skip
+            time.sleep(2)
 
     def _change_a_price(self, state: dict):
         from decimal import Decimal
