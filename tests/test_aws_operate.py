@@ -296,10 +296,9 @@ def test_request_resync_adds_a_step_of_the_deployed_cdc_job_beside_the_running_o
     s3.put_object(
         Bucket=artifacts.bucket_name, Key="emr/abc123/streaming-steps.json", Body=json.dumps(desired)
     )
-    bad = CliRunner().invoke(
-        main, ["aws", "request-resync", "products; rm", "--env", "dev", "--region", REGION]
-    )
-    assert bad.exit_code == 1 and "dim_db.<table>" in bad.output
+    for name in ("products; rm", "user_db.products", "ads_behavior.product_views"):  # the job would refuse
+        bad = CliRunner().invoke(main, ["aws", "request-resync", name, "--env", "dev", "--region", REGION])
+        assert bad.exit_code == 1 and "dim_db.<table>" in bad.output, bad.output
 
     result = CliRunner().invoke(main, args)
 

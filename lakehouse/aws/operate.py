@@ -24,6 +24,7 @@ from infra.emr_steps import (  # batch: state machines
     STREAMING_STEPS_FILE,
     streaming_steps,
 )
+from jobs.cdc.table_selection import DEFAULT_NAMESPACE
 
 CONCERNS = ("Network", "Lake", "Streaming", "SourceDatabase", "Compute", "Monitoring", "Jobs")
 LIVE_STEP_STATES = ("PENDING", "RUNNING")
@@ -259,9 +260,12 @@ def stop(session, config: DeploymentConfig, outputs: dict[str, str], job: str) -
 # running job first (`infra.emr_steps.REPLACE_RUNNING_APP`); no `@version`, so the step supervisor
 # leaves it alone, as it does the batch jobs' steps.
 REQUEST_RESYNC_STEP = f"{STEP_NAME_PREFIX}cdc-request-resync"
-_MAX_EXECUTORS = "spark.dynamicAllocation.maxExecutors="
-_MAX_EXECUTORS_ONE = f"{_MAX_EXECUTORS}1"
-_LAKE_TABLE = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+){1,2}$")
+# It sets table properties only (no Spark task): a small driver, at most one executor, not the
+# stream's sizes (a third driver must fit beside the stream and a batch job).
+_REQUEST_CONF = {"spark.driver.memory": "1g", "spark.dynamicAllocation.maxExecutors": "1"}
+# The lake tables CDC writes: `dim_db.<table>` (or `lakehouse.dim_db.<table>`); anything else the job
+# refuses with exit 2, a FAILED step the failure rule would alert on.
+_CDC_TABLE = re.compile(rf"^(lakehouse\.)?{DEFAULT_NAMESPACE}\.[A-Za-z0-9_]+$")
 
 
 def request_resync_args(desired: list[dict], tables: list[str]) -> list[str]:
@@ -278,8 +282,13 @@ def request_resync_args(desired: list[dict], tables: list[str]) -> list[str]:
         if entry is None or entry + 1 >= len(submit) or submit[entry + 1] not in runs_cdc:
             continue
         submit[submit.index("--name") + 1] = REQUEST_RESYNC_STEP
-        # It runs no Spark task (table properties only): at most one executor, not the stream's.
-        submit = [_MAX_EXECUTORS_ONE if arg.startswith(_MAX_EXECUTORS) else arg for arg in submit]
+        for key, value in _REQUEST_CONF.items():  # replaced where the stream sets it, else added
+            at = [i for i, arg in enumerate(submit[:entry]) if arg.startswith(f"{key}=")]
+            if at:
+                submit[at[0]] = f"{key}={value}"
+            else:
+                submit[entry:entry] = ["--conf", f"{key}={value}"]
+                entry += 2
         requests = [arg for table in tables for arg in ("--request-resync", table)]
         # After the job: the environment's arguments, the same for every job (`environment_args`).
         return [*submit[: entry + 1], "cdc", *submit[entry + 2 :], *requests]
@@ -291,9 +300,11 @@ def request_resync_args(desired: list[dict], tables: list[str]) -> list[str]:
 def request_resync(session, config: DeploymentConfig, outputs: dict[str, str], tables: list[str]) -> str:
     """Add a step that marks `tables` for a re-snapshot by the running CDC job, as `lakehouse run cdc
     --request-resync` does locally (Athena cannot set the table property); returns its id."""
-    bad = [table for table in tables if not _LAKE_TABLE.match(table)]
+    bad = [table for table in tables if not _CDC_TABLE.match(table)]
     if not tables or bad:
-        raise OperateError(f"name lake tables as dim_db.<table> (got {', '.join(bad) or 'none'})")
+        raise OperateError(
+            f"name the lake tables CDC writes, {DEFAULT_NAMESPACE}.<table> (got {', '.join(bad) or 'none'})"
+        )
     cluster = live_cluster(session, config, outputs)
     bucket, version = outputs.get("ArtifactsBucketName"), outputs.get("JobsVersion")
     if not bucket or not version:
@@ -304,15 +315,27 @@ def request_resync(session, config: DeploymentConfig, outputs: dict[str, str], t
     try:
         desired = json.loads(session.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read())
     except ClientError as error:
-        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+        code = error.response.get("Error", {}).get("Code")
+        if code in ("NoSuchKey", "404"):
             raise OperateError(f"no s3://{bucket}/{key}: the Jobs stack's upload did not finish") from None
-        raise
+        raise OperateError(  # (S3 answers AccessDenied for a missing key to a caller without s3:ListBucket)
+            f"cannot read s3://{bucket}/{key} ({code}): this needs s3:GetObject on it (and the key to exist)"
+        ) from None
     step = {
         "Name": REQUEST_RESYNC_STEP,
         "ActionOnFailure": "CONTINUE",
         "HadoopJarStep": {"Jar": "command-runner.jar", "Args": request_resync_args(desired, tables)},
     }
-    (step_id,) = session.client("emr").add_job_flow_steps(JobFlowId=cluster["Id"], Steps=[step])["StepIds"]
+    try:
+        (step_id,) = session.client("emr").add_job_flow_steps(JobFlowId=cluster["Id"], Steps=[step])[
+            "StepIds"
+        ]
+    except ClientError as error:
+        code = error.response.get("Error", {}).get("Code")
+        raise OperateError(
+            f"EMR refused the step ({code}): this needs elasticmapreduce:AddJobFlowSteps on cluster "
+            f"{cluster['Id']}"
+        ) from None
     return step_id
 
 

@@ -155,6 +155,8 @@ NOT_EXISTENCE_CHECKS = {
     "infra/lambdas/step_supervisor/handler.py:load_steps_from_s3:get_object": "the deployment writes the "
     "steps file before any invocation: missing is an error whatever S3 answers",
     "lakehouse/local/topic_retention.py:_high_watermark:get_object": "the local broker's SeaweedFS, not AWS",
+    "lakehouse/aws/operate.py:request_resync:get_object": "the deployment writes the steps file: missing "
+    "or unreadable is an error whatever S3 answers (AccessDenied for a missing key without s3:ListBucket)",
 }
 
 

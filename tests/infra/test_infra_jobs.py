@@ -325,7 +325,8 @@ def test_a_resync_requested_on_aws_runs_the_deployed_cdc_step_beside_the_running
         f"lakehouse-{job}" for job in (*STREAMING_JOBS, *STREAMING_APPLICATION)
     }
     assert f"spark.archives={deployment.artifacts.archive_uri}#pyenv" in args
-    assert "spark.dynamicAllocation.maxExecutors=1" in args
+    assert "spark.dynamicAllocation.maxExecutors=1" in args and "spark.driver.memory=1g" in args
+    assert len([a for a in args if a.startswith("spark.driver.memory=")]) == 1  # replaced, not added
     entry = args.index(deployment.artifacts.entry_point_uri)
     assert args[entry + 1] == "cdc"
     resolved = ["1" if "${Token[" in arg else arg for arg in args[entry + 2 :]]  # (deploy-time values)
