@@ -55,7 +55,12 @@ KEPT_COMPARED: Counter = Counter()  # dropped tables compared with the source, b
 _server_ids = itertools.count(5600)
 # Why a dropped table's lake table may be kept as of its stored position rather than of the DROP
 # (else a cascading child: `lakehouse.cdc.cascaded-from`): the fuzzer's source never purges binlogs.
-KEPT_AS_OF_POSITION = ("; then ", "cascaded to could be read", "a re-snapshot was under way")
+KEPT_AS_OF_POSITION = (
+    "; then ",
+    "cascaded to could be read",
+    "a re-snapshot was under way",
+    "a re-snapshot could not start",
+)
 _WRITE = re.compile(r"^\s*(MERGE|INSERT|ALTER|CREATE|DROP|DELETE|UPDATE|CALL|REPLACE)\b", re.I)
 
 

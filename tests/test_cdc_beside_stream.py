@@ -62,7 +62,7 @@ def test_a_queued_copy_asked_to_wait_for_its_parents_copy_keeps_what_it_held() -
     child_copy = copy(resume=True)  # an interrupted `--resync`, queued first
     child_copy.hold(at(200), [change(1)])
     parent_copy = copy()
-    parent_copy.applies_live, parent_copy.began = False, time.monotonic()
+    parent_copy.applies_live, parent_copy.queued_at = False, time.monotonic()
     sync = CdcSync.__new__(CdcSync)
     sync.tables = {
         ("db", "parent"): state("parent", parent_copy),
@@ -79,5 +79,6 @@ def test_a_queued_copy_asked_to_wait_for_its_parents_copy_keeps_what_it_held() -
 
     child = sync.tables[("db", "child")]
     assert asked == [] and child.resync is child_copy
-    assert child_copy.began > parent_copy.began  # after the parent's copy
+    assert child_copy.queued_at > parent_copy.queued_at  # after the parent's copy
+    assert child_copy.began < parent_copy.queued_at  # (its request time stays: logged durations)
     assert child_copy.unmerged() == [change(1)]  # what it held from its old B

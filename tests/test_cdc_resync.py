@@ -539,7 +539,7 @@ def test_a_re_snapshot_whose_source_is_gone_keeps_the_table_as_of_its_position(
     state = sync.tables[("user_db", name)]
     assert sync.errors == [] and state.error is None
     assert state.dropped is not None and state.dropped.startswith("after "), state.dropped
-    assert "a re-snapshot was under way" in state.dropped
+    assert "a re-snapshot could not start" in state.dropped
     assert iceberg_rows(spark, f"lakehouse.dim_db.{name}", COLUMNS) == before
     sync.close()
     restarted = make_sync(pair)  # the mark holds: kept, not synced, not an error
@@ -660,37 +660,42 @@ def test_kill_9_after_the_swap_keeps_the_files_the_table_took_from_the_copy(
 def test_the_staging_table_dropped_after_a_swap_keeps_its_files_whatever_its_uri_spelling(
     spark, tmp_path
 ) -> None:
-    """Whether the target took the staging table's files is decided by the files themselves, not by
+    """Whether the target took a staging table's files is decided by the files themselves, not by
     the staging table's location as a text prefix: a location written `file:///…` (as the rehearsal's
     warehouse is) has data files `file:/…`, so the prefix never matched, the drop PURGEd the files
     the swap had just given the target, and the next reader failed (`make rehearse`, a requested
-    resync of dim_db.products: the report step's FileNotFoundException)."""
-    target, staging = (
-        "lakehouse.dim_db.cdc_test_swap_uri",
-        "lakehouse.dim_db.cdc_test_swap_uri__cdc_snapshot_0",
-    )
-    for table in (target, staging):
+    resync of dim_db.products: the report step's FileNotFoundException). A staging table left
+    behind by a crash after its swap is dropped the same way; one never swapped in goes with its
+    files."""
+    target = "lakehouse.dim_db.cdc_test_swap_uri"
+    swapped, unswapped = f"{target}__cdc_snapshot_0", f"{target}__cdc_snapshot_1"
+    tables = (target, swapped, unswapped)
+    for table in tables:
         spark.sql(f"DROP TABLE IF EXISTS {table}")
     spark.sql(f"CREATE TABLE {target} (id INT, v STRING) USING iceberg")
     spark.sql(f"INSERT INTO {target} VALUES (1, 'old')")
     jvm = spark.sparkContext._jvm  # (Spark's LOCATION clause would write it `file:/…`)
     catalog = spark._jsparkSession.sessionState().catalogManager().catalog("lakehouse").icebergCatalog()
-    catalog.createTable(
-        jvm.org.apache.iceberg.catalog.TableIdentifier.parse(staging.split(".", 1)[1]),
-        load_iceberg_table(spark, target).schema(),
-        jvm.org.apache.iceberg.PartitionSpec.unpartitioned(),
-        f"file://{tmp_path}/staging",
-        jvm.java.util.HashMap(),
-    )
-    spark.sql(f"INSERT INTO {staging} VALUES (1, 'new'), (2, 'new')")
+    for staging in (swapped, unswapped):
+        catalog.createTable(
+            jvm.org.apache.iceberg.catalog.TableIdentifier.parse(staging.split(".", 1)[1]),
+            load_iceberg_table(spark, target).schema(),
+            jvm.org.apache.iceberg.PartitionSpec.unpartitioned(),
+            f"file://{tmp_path}/{staging.rsplit('_', 1)[1]}",
+            jvm.java.util.HashMap(),
+        )
+        spark.sql(f"INSERT INTO {staging} VALUES (1, 'new'), (2, 'new')")
     try:
-        assert load_iceberg_table(spark, staging).location().startswith("file:///")
-        assert snapshot._swap_files(spark, staging, target, {})
-        snapshot.drop_staging(spark, staging, target)
-        assert not spark.catalog.tableExists(staging)
+        assert load_iceberg_table(spark, swapped).location().startswith("file:///")
+        assert snapshot._swap_files(spark, swapped, target, {})
+        for staging in (swapped, unswapped):  # as the next start drops what a crash left behind
+            snapshot.drop_staging(spark, staging, target)
+            assert not spark.catalog.tableExists(staging)
         assert sorted(tuple(r) for r in spark.table(target).collect()) == [(1, "new"), (2, "new")]
+        assert list((tmp_path / "0" / "data").iterdir())  # the target's files now
+        assert not (tmp_path / "1" / "data").exists() or not list((tmp_path / "1" / "data").iterdir())
     finally:
-        for table in (target, staging):
+        for table in tables:
             spark.sql(f"DROP TABLE IF EXISTS {table}")
 
 
@@ -706,11 +711,11 @@ def test_a_clean_up_failing_after_the_swap_keeps_the_swap_and_the_stream(
     lake = f"lakehouse.dim_db.{name}"
     real, failed = snapshot.drop_staging, []
 
-    def failing_once(spark_, staging, target):
+    def failing_once(spark_, staging, target, **kwargs):
         if not failed:
             failed.append(staging)
             raise OSError("injected: the object store refused the delete")
-        return real(spark_, staging, target)
+        return real(spark_, staging, target, **kwargs)
 
     monkeypatch.setattr(snapshot, "drop_staging", failing_once)
     sync = make_sync(pair, resync=(f"user_db.{name}",))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import os
 import queue
@@ -159,7 +160,7 @@ def random_workload(conn: pymysql.Connection, table: str, statements: int, seed:
 # ---- fixtures -----------------------------------------------------------------------------------
 
 COLUMNS = ["id", "name", "qty", "price", "note", "updated"]
-_server_ids = iter(range(5100, 5200))
+_server_ids = itertools.count(5100)  # one per reader, never reused (the CDC fuzzer's start at 5600)
 
 
 @pytest.fixture(scope="module")

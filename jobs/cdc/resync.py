@@ -109,6 +109,9 @@ class BesideStream:
         self.verdict: Verdict | None = None
         self.error: str | None = None
         self.began = began if began is not None else time.monotonic()  # requested
+        # Its place in the queue (copies start in this order): when requested, or later when sent
+        # behind another (a parent's copy its rows depend on).
+        self.queued_at = self.began
         self._held: list[tuple[BinlogPosition, list[RowChange]]] = []
         # While it is built: the parents' referenced values whose changes cascaded (no row events) to
         # rows a chunk may have read before; found in the built copy (`sync.py`), then emptied.
@@ -140,11 +143,13 @@ class BesideStream:
 
     def again(self) -> BesideStream:
         """The next attempt: a copy built afresh."""
-        return BesideStream(
+        attempt = BesideStream(
             self.spark, self.target, self.why, self._build_fn, self._verify_fn, self.applies_live,
             self.floor, self.lake_position, resume=False, attempt=self.attempt + 1, began=self.began,
             # hold_from: the fresh copy's B is after `floor`
         )  # fmt: skip
+        attempt.queued_at = self.queued_at
+        return attempt
 
     def _build(self) -> None:
         built = self._build_fn(self._cancelled, self._learn_position, self.resume)

@@ -568,7 +568,7 @@ def publish(spark, built: BuiltSnapshot, target: str, position: BinlogPosition |
         return
     if _swap_files(spark, staging, target, {POSITION_KEY: position.to_json()}):
         crash_point("cdc.snapshot-published")
-        drop_staging(spark, staging, target)  # its data files are the target's now: they stay
+        drop_staging(spark, staging, target, took_files=True)  # its data files are the target's now
         target_table.configure_table(spark, target, source.key, source.qualified)
         return
     replace = not schema_matches(spark, target, source)
@@ -593,7 +593,7 @@ def publish(spark, built: BuiltSnapshot, target: str, position: BinlogPosition |
 
     commit()
     crash_point("cdc.snapshot-published")
-    drop_staging(spark, staging, target)
+    drop_staging(spark, staging, target, took_files=False)  # its rows were copied
     target_table.configure_table(spark, target, source.key, source.qualified)
 
 
@@ -617,26 +617,42 @@ def _live_files(table) -> list | None:
     return files
 
 
-def drop_staging(spark, staging: str, target: str) -> None:
+def drop_staging(spark, staging: str, target: str, took_files: bool | None = None) -> None:
     """Drop a staging table of `target`'s: with its files (PURGE), unless `target` took them in a
-    swap (`_swap_files`; a crash can leave the staging table behind): then only its metadata goes."""
+    swap (`_swap_files`; a crash can leave the staging table behind): then only its metadata goes.
+    `took_files`: known to the caller (the swap, a copy of the rows); None: looked up."""
     if not target_table.table_exists(spark, staging):
         return
     table = load_iceberg_table(spark, staging)
-    # By the files themselves: the swap added the staging table's DataFiles as they are. Not by the
-    # staging table's location as a text prefix: `file:///w/…` has data files `file:/w/…` (the
-    # rehearsal's warehouse), and a prefix that never matched PURGEd the files the target had taken.
-    shared = target_table.table_exists(spark, target) and bool(
-        spark.sql(
-            f"SELECT 1 FROM {target}.all_data_files AS t JOIN {staging}.all_data_files AS s "
-            "ON t.file_path = s.file_path LIMIT 1"
-        ).collect()
-    )
+    shared = took_files if took_files is not None else _target_took_files(spark, staging, target)
     if not shared:
         spark.sql(f"DROP TABLE IF EXISTS {staging} PURGE")
         return
     spark.sql(f"DROP TABLE IF EXISTS {staging}")
     _delete_metadata(spark, table)
+
+
+def _target_took_files(spark, staging: str, target: str) -> bool:
+    """Whether `target` holds any of the staging table's data files (a swap added them as they are).
+    By the files themselves, not by the staging table's location as a text prefix: `file:///w/…`
+    has data files `file:/w/…` (the rehearsal's warehouse), and a prefix that never matched PURGEd
+    the files the target had taken. When this cannot be told (unreadable metadata), the files stay:
+    litter, where a wrong PURGE would lose the target's rows."""
+    if not target_table.table_exists(spark, target):
+        return False
+    try:
+        paths = [r.file_path for r in spark.sql(f"SELECT file_path FROM {staging}.files").collect()]
+        if not paths:
+            return False
+        listed = ", ".join("'" + path.replace("'", "''") + "'" for path in paths)
+        return bool(
+            spark.sql(
+                f"SELECT 1 FROM {target}.all_data_files WHERE file_path IN ({listed}) LIMIT 1"
+            ).collect()
+        )
+    except Exception as exc:  # noqa: BLE001 - kept, not purged
+        log.warning("%s: cannot tell whether %s took its files (%s); its files stay", staging, target, exc)
+        return True
 
 
 def _delete_metadata(spark, table) -> None:

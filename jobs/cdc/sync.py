@@ -678,9 +678,9 @@ class CdcSync(StreamingJob):
                 why = (f"{state.spec.source}, whose changes cascade to it, waits for a copy: the rows they "
                        "cascade to meanwhile are read after it")  # fmt: skip
                 self._request_resync(child, why, applies_live=True, descendants=False)
-            elif child.resync is not None and child.resync.began <= state.resync.began:
+            elif child.resync is not None and child.resync.queued_at <= state.resync.queued_at:
                 if child.resync.phase is Phase.QUEUED:  # not started: it only moves back in the queue,
-                    child.resync.began = time.monotonic()  # keeping what it holds (from an old B)
+                    child.resync.queued_at = time.monotonic()  # keeping what it holds (from an old B)
                 else:  # under way: built again after it, afresh (it held from its own B only)
                     self._request_resync(child, child.resync.why, child.resync.applies_live,
                                          descendants=False, resume=False)  # fmt: skip
@@ -754,7 +754,7 @@ class CdcSync(StreamingJob):
         if all(t.resync.phase is Phase.QUEUED for t in waiting) and not self._unwinding:
             queued = waiting
             if queued:
-                first = min(queued, key=lambda t: t.resync.began)
+                first = min(queued, key=lambda t: t.resync.queued_at)
                 log.info("%s: re-snapshot beside the stream starts (%s)", first.spec.target, first.resync.why)
                 first.resync.start()
 
@@ -787,11 +787,16 @@ class CdcSync(StreamingJob):
         finally:
             conn.close()
 
-    def _kept_while_copied(self, state: TableState, lake_position: BinlogPosition | None) -> str:
+    def _kept_while_copied(
+        self,
+        state: TableState,
+        lake_position: BinlogPosition | None,
+        why: str = "a re-snapshot was under way",
+    ) -> str:
         """Where a table that waited for its copy is kept as of, its source gone: not the DROP (it
         received no changes meanwhile), but an older table's own mark or the position it stored."""
         kept = target_table.source_dropped(self.spark, state.spec.target)
-        return kept or f"after {lake_position or state.position} (a re-snapshot was under way)"
+        return kept or f"after {lake_position or state.position} ({why})"
 
     def _gone_while_copied(self, state: TableState) -> None:
         """The source table went while its copy was built (a DROP the reader has yet to deliver, or
@@ -807,7 +812,12 @@ class CdcSync(StreamingJob):
         return position_commit.stored_position(self.spark, state.spec.target)
 
     def _gone_for_copy(
-        self, state: TableState, applies: bool, lake_position: BinlogPosition | None, why: str = ""
+        self,
+        state: TableState,
+        applies: bool,
+        lake_position: BinlogPosition | None,
+        why: str = "",
+        statement: str | None = None,
     ) -> None:
         """A copy with no source table to copy (its DROP, or RENAME away, still ahead in the binlog;
         or one from before the copy's position). A table still applied to takes its last changes,
@@ -821,12 +831,14 @@ class CdcSync(StreamingJob):
         if applies:  # its changes, then the DROP, come from the stream
             return
         if target_table.table_exists(self.spark, spec.target):
-            self._source_dropped(state, self._kept_while_copied(state, lake_position))
+            kept = "a re-snapshot could not start" if why else "a re-snapshot was under way"
+            self._source_dropped(state, self._kept_while_copied(state, lake_position, kept), statement)
         else:
             if self.reader is not None:
                 self.reader.unfollow(spec.source_key)
             del self.tables[spec.source_key]
-            log.warning("%s: created, then dropped before its snapshot; not synced", spec.source)
+            log.warning("%s: created, then dropped%s before its snapshot; not synced", spec.source,
+                        f" (`{statement}`)" if statement else "")  # fmt: skip
 
     def _resync_again(self, state: TableState, problem: str) -> None:
         beside = state.resync
@@ -1347,13 +1359,7 @@ class CdcSync(StreamingJob):
             return beside.applies_live
         if beside.applies_live:
             return True
-        if target_table.table_exists(self.spark, state.spec.target):
-            self._source_dropped(state, self._kept_while_copied(state, beside.lake_position), statement)
-        else:  # created and dropped before its first copy was swapped in
-            self.reader.unfollow(state.spec.source_key)
-            del self.tables[state.spec.source_key]
-            log.warning("%s: created, then dropped (`%s`) before its snapshot; not synced", state.spec.source,
-                        statement)  # fmt: skip
+        self._gone_for_copy(state, False, beside.lake_position, statement=statement)
         return False
 
     def _follow_created_table(self, schema: str, name: str, statement: str) -> None:
