@@ -311,7 +311,7 @@ class Rehearsal:
                 f"{step.name}: only command-runner.jar steps can be rehearsed, not {step.jar}"
             )
         args = self.localized_args(step)
-        log_dir = self.work_dir / "steps" / step.job
+        log_dir = self._step_dir(step.job)
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log(f"step {step.name} ({step.source}): {_abridged(args)}")
         with (log_dir / "stdout").open("wb") as stdout, (log_dir / "stderr").open("wb") as stderr:
@@ -329,14 +329,21 @@ class Rehearsal:
             code = process.wait()
         self._finished(step, process.args, code, began)
 
-    def _finished(self, step: StepDefinition, args, code: int, began: float) -> None:
-        run = StepRun(
-            step.job, list(args), code, time.monotonic() - began, self.work_dir / "steps" / step.job
+    def _step_dir(self, job: str) -> Path:
+        return self.work_dir / "steps" / job
+
+    def _step_output(self, job: str) -> str:
+        """A step's stdout and stderr (Spark's client mode merges the Python driver's stderr into
+        spark-submit's stdout)."""
+        return "".join(
+            (self._step_dir(job) / name).read_text(errors="replace") for name in ("stdout", "stderr")
         )
+
+    def _finished(self, step: StepDefinition, args, code: int, began: float) -> None:
+        run = StepRun(step.job, list(args), code, time.monotonic() - began, self._step_dir(step.job))
         self.runs.append(run)
         self.log(f"step {step.name}: exit {code} in {run.seconds:.1f}s")
-        # Spark's client mode merges the Python driver's stderr into spark-submit's stdout.
-        stderr = "".join((run.log_dir / name).read_text(errors="replace") for name in ("stdout", "stderr"))
+        stderr = self._step_output(step.job)
         if code != 0:
             # Spark's own INFO lines bury the job's error: show the rest.
             lines = [
@@ -435,11 +442,7 @@ class Rehearsal:
                     raise RehearsalFailed(f"step {streaming_step.name} ended ({process.returncode}) before "
                                           f"it answered the request on {table}")  # fmt: skip
             if self._catalog().load_table(table).properties.get(RESYNC_DONE_PROPERTY) == requested:
-                logs = "".join(
-                    (self.work_dir / "steps" / s.job / name).read_text(errors="replace")
-                    for s, _, _ in running
-                    for name in ("stdout", "stderr")
-                )
+                logs = "".join(self._step_output(s.job) for s, _, _ in running)
                 if swapped not in logs:
                     raise RehearsalFailed(f"the CDC job answered the request on {table} without a copy "
                                           f"swapped in (no '{swapped}' in its log)")  # fmt: skip
@@ -540,7 +543,7 @@ class Rehearsal:
         """The verify step's own verdict lines: every check ran and compared something (how much of
         the topic it compares depends on the local broker's retention; the rehearsal's own readers
         compare everything)."""
-        output = (self.work_dir / "steps" / "verify" / "stdout").read_text(errors="replace")
+        output = (self._step_dir("verify") / "stdout").read_text(errors="replace")
         lines = re.findall(
             r"^verify: (.+): (ok|mismatch|cannot run) "
             r"\((\d+) compared, \d+ mismatches(?:, (\d+) repaired)?\)$",
