@@ -220,10 +220,12 @@ def assert_verifies_clean(stack: Stack, *, whole_topic: bool) -> None:
         assert checks[("kafka -> clicks", "ods_behavior.clickevent")]["compared"] == len(sent)
 
 
-def wait_for(condition, timeout: float, what: str) -> None:
+def wait_for(condition, timeout: float, what: str, detail=lambda: "") -> None:
+    """`detail`: what to print besides `what` when the wait times out (read then)."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}. {detail()}")
         time.sleep(0.5)
 
 
@@ -262,12 +264,18 @@ def test_mariadb_down_leaves_ingest_and_views_committing_and_cdc_catches_up(stac
         wait_for(lambda: stack.job_status().get("cdc", {}).get("state") == "running", 180, "CDC running")
         assert stack.stack.mariadb.stop()
         before = stack.job_status()
-        stack.produce(3_000, "--rate", "300")  # over 10 s: many small commits, for maintenance to compact
-        wait_for(
-            lambda: stack.job_status()["ingest"]["records"] >= before["ingest"]["records"] + 3_000,
-            120,
-            "the ingest to commit the clicks produced while MariaDB is down",
-        )
+        # Small commits for maintenance to compact: Iceberg's bin-pack rewrites a partition's small
+        # files once there are 5 (min-input-files). One burst at a time, each committed before the
+        # next, so there are 10 new files however the ingest batches (on a loaded box one 10 s
+        # burst went in 2 commits: nothing to compact, and the wait below timed out in CI).
+        for burst in range(1, 11):
+            stack.produce(300)
+            committed = before["ingest"]["records"] + 300 * burst
+            wait_for(
+                lambda committed=committed: stack.job_status()["ingest"]["records"] >= committed,
+                120,
+                f"the ingest to commit burst {burst} of the clicks produced while MariaDB is down",
+            )
         wait_for(
             lambda: stack.job_status()["views"]["records"] > before["views"]["records"],
             120,
@@ -282,7 +290,12 @@ def test_mariadb_down_leaves_ingest_and_views_committing_and_cdc_catches_up(stac
         )
         # A liveness wait: on a loaded box (the other test group beside it) a maintenance pass over
         # every table takes minutes; 120 s timed out once there (passed alone in 90 s, whole test).
-        wait_for(lambda: compacted_clicks(stack), 300, "table maintenance to compact the click table")
+        wait_for(
+            lambda: compacted_clicks(stack),
+            300,
+            "table maintenance to compact the click table",
+            lambda: f"maintenance: {stack.app_status().get('maintenance')}",
+        )
         assert json.loads(stack.status_file.read_text())["maintenance"]["errors"] == []
         # Clicks and source changes flow while verify runs: no false alarm.
         load = threading.Thread(target=stack.produce, args=(3_000, "--rate", "300"))
