@@ -25,6 +25,7 @@ from infra.emr_steps import (  # batch: state machines
     streaming_steps,
 )
 from jobs.cdc.table_selection import DEFAULT_NAMESPACE
+from lakehouse.aws import error_code
 
 CONCERNS = ("Network", "Lake", "Streaming", "SourceDatabase", "Compute", "Monitoring", "Jobs")
 LIVE_STEP_STATES = ("PENDING", "RUNNING")
@@ -205,7 +206,7 @@ def step_log(
     try:
         body = session.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
     except ClientError as error:
-        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+        if error_code(error) in ("NoSuchKey", "404"):
             raise OperateError(
                 f"no {stream} for step {step['Id']} yet at s3://{bucket}/{key}: EMR uploads step logs "
                 "every few minutes; try again, or --follow"
@@ -315,7 +316,7 @@ def request_resync(session, config: DeploymentConfig, outputs: dict[str, str], t
     try:
         desired = json.loads(session.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read())
     except ClientError as error:
-        code = error.response.get("Error", {}).get("Code")
+        code = error_code(error)
         if code in ("NoSuchKey", "404"):
             raise OperateError(f"no s3://{bucket}/{key}: the Jobs stack's upload did not finish") from None
         raise OperateError(  # (S3 answers AccessDenied for a missing key to a caller without s3:ListBucket)
@@ -331,7 +332,7 @@ def request_resync(session, config: DeploymentConfig, outputs: dict[str, str], t
             "StepIds"
         ]
     except ClientError as error:
-        code = error.response.get("Error", {}).get("Code")
+        code = error_code(error)
         raise OperateError(
             f"EMR refused the step ({code}): this needs elasticmapreduce:AddJobFlowSteps on cluster "
             f"{cluster['Id']}"

@@ -17,6 +17,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from infra.config import DEV_LAKE_READERS_CONTEXT_KEY, az_context_key
 from jobs.config import NAMESPACES
+from lakehouse.aws import error_code
 
 # Zone IDs where MSK cannot place brokers (AWS MSK docs: "use1-az3" in us-east-1).
 MSK_UNSUPPORTED_ZONE_IDS = frozenset({"use1-az3"})
@@ -176,7 +177,7 @@ def run_checks(
                     Bucket=artifacts_bucket, Prefix=EMR_TLS_CERTIFICATES_KEY, MaxKeys=1
                 )
             except ClientError as error:
-                if error.response.get("Error", {}).get("Code") != "NoSuchBucket":
+                if error_code(error) != "NoSuchBucket":
                     raise  # `guarded` reports it as "could not check"
                 listed = {}
             if EMR_TLS_CERTIFICATES_KEY not in [o["Key"] for o in listed.get("Contents", [])]:
@@ -199,7 +200,7 @@ def glue_databases_free(session, warehouse_bucket: str) -> Check:
         try:
             location = glue.get_database(Name=namespace)["Database"].get("LocationUri", "")
         except ClientError as error:
-            if error.response.get("Error", {}).get("Code") == "EntityNotFoundException":
+            if error_code(error) == "EntityNotFoundException":
                 continue
             raise
         if location.startswith(f"s3://{warehouse_bucket}/"):
