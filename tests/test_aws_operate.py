@@ -291,6 +291,14 @@ def test_request_resync_adds_a_step_of_the_deployed_cdc_job_beside_the_running_o
     deploy_stack(
         session, "Lake", {"WarehouseUri": "s3://w/warehouse", "ArtifactsBucketName": artifacts.bucket_name}
     )
+    glue = session.client("glue")
+    no_table = CliRunner().invoke(main, args)  # a typo: the job would exit 2, a FAILED step that alerts
+    assert no_table.exit_code == 1 and "no table dim_db.products in the Glue catalog" in no_table.output
+    glue.create_database(DatabaseInput={"Name": "dim_db"})
+    for name in ("products", "products__cdc_snapshot_0a1b2c3d"):
+        glue.create_table(DatabaseName="dim_db", TableInput={"Name": name})
+    copy = CliRunner().invoke(main, [*args[:2], "dim_db.products__cdc_snapshot_0a1b2c3d", *args[3:]])
+    assert copy.exit_code == 1 and "a re-snapshot's copy under way" in copy.output, copy.output
     no_steps = CliRunner().invoke(main, args)
     assert no_steps.exit_code == 1 and "emr/abc123/streaming-steps.json" in no_steps.output
     s3.put_object(
@@ -299,6 +307,7 @@ def test_request_resync_adds_a_step_of_the_deployed_cdc_job_beside_the_running_o
     for name in ("products; rm", "user_db.products", "ads_behavior.product_views"):  # the job would refuse
         bad = CliRunner().invoke(main, ["aws", "request-resync", name, "--env", "dev", "--region", REGION])
         assert bad.exit_code == 1 and "dim_db.<table>" in bad.output, bad.output
+    assert len(session.client("emr").list_steps(ClusterId=deployed["cluster_id"])["Steps"]) == 1  # none added
 
     result = CliRunner().invoke(main, args)
 

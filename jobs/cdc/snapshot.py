@@ -62,6 +62,7 @@ from jobs.cdc.chunk_reader import (
 )
 from jobs.cdc.schema_mapping import spark_schema
 from jobs.cdc.source_db import SourceTable
+from jobs.cdc.table_selection import STAGING_SUFFIX
 from jobs.cdc.target_table import POSITION_KEY, TABLE_PROPERTIES
 from jobs.common import progress_keys
 from jobs.common.arrow_frames import arrow_file_frame, arrow_frame
@@ -79,7 +80,6 @@ from jobs.common.snapshot_progress import (
 log = logging.getLogger("cdc_snapshot")
 
 PROGRESS_KEY = progress_keys.CDC_SNAPSHOT
-STAGING_SUFFIX = "__cdc_snapshot"
 CHUNK_ROWS = 10_000  # one SELECT; small enough that its read view is short on any table
 COMMIT_ROWS = 200_000  # rows per staging commit: what a kill -9 can cost to read again
 TASK_ROWS = 50_000  # at least, per Spark task writing a piece (and so per data file it adds)

@@ -20,6 +20,8 @@ from fnmatch import fnmatchcase
 from jobs.config import SOURCE_DATABASE, ConfigError, LakehouseConfig
 
 DEFAULT_NAMESPACE = "dim_db"
+# A snapshot's staging table is `<target>__cdc_snapshot_<id>` (snapshot.py) until it is renamed.
+STAGING_SUFFIX = "__cdc_snapshot"
 # Never synced, whatever a pattern says: the server's own schemas and CDC's barrier table.
 RESERVED_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys", "lakehouse_meta"})
 # A name Spark SQL and the Glue catalog take unquoted (the jobs' SQL does not quote table names).

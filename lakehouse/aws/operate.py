@@ -24,7 +24,7 @@ from infra.emr_steps import (  # batch: state machines
     STREAMING_STEPS_FILE,
     streaming_steps,
 )
-from jobs.cdc.table_selection import DEFAULT_NAMESPACE
+from jobs.cdc.table_selection import DEFAULT_NAMESPACE, STAGING_SUFFIX
 from lakehouse.aws import error_code
 
 CONCERNS = ("Network", "Lake", "Streaming", "SourceDatabase", "Compute", "Monitoring", "Jobs")
@@ -269,6 +269,29 @@ _REQUEST_CONF = {"spark.driver.memory": "1g", "spark.dynamicAllocation.maxExecut
 _CDC_TABLE = re.compile(rf"^(lakehouse\.)?{DEFAULT_NAMESPACE}\.[A-Za-z0-9_]+$")
 
 
+def _require_cdc_tables(session, tables: list[str]) -> None:
+    """Each table is in the Glue catalog and is no copy under way (`<table>__cdc_snapshot_<id>`):
+    the job would refuse anything else with exit 2, a FAILED step that alerts (a typo must not)."""
+    glue = session.client("glue")
+    for table in tables:
+        name = table.split(".")[-1]
+        if STAGING_SUFFIX in name.lower():
+            raise OperateError(f"{table} is a re-snapshot's copy under way, not a table CDC writes")
+        try:
+            glue.get_table(DatabaseName=DEFAULT_NAMESPACE, Name=name)
+        except ClientError as error:
+            code = error_code(error)
+            if code == "EntityNotFoundException":
+                raise OperateError(
+                    f"no table {DEFAULT_NAMESPACE}.{name} in the Glue catalog: CDC has not copied it (a "
+                    "table the job does not follow yet is copied at its start, or by `--resync` at a start)"
+                ) from None
+            raise OperateError(
+                f"cannot look up {DEFAULT_NAMESPACE}.{name} in the Glue catalog ({code}): this needs "
+                f"glue:GetTable on database {DEFAULT_NAMESPACE}"
+            ) from None
+
+
 def request_resync_args(desired: list[dict], tables: list[str]) -> list[str]:
     """command-runner.jar arguments of a step running `cdc --request-resync TABLE…`: the deployed
     CDC step's spark-submit (the supervisor's `streaming-steps.json`: the cdc job's step, or the
@@ -312,6 +335,7 @@ def request_resync(session, config: DeploymentConfig, outputs: dict[str, str], t
         raise OperateError(
             "the Lake and Jobs stacks name no ArtifactsBucketName and JobsVersion: deploy this release first"
         )
+    _require_cdc_tables(session, tables)
     key = f"{ARTIFACTS_PREFIX}/{version}/{STREAMING_STEPS_FILE}"
     try:
         desired = json.loads(session.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read())
