@@ -82,3 +82,36 @@ def test_a_queued_copy_asked_to_wait_for_its_parents_copy_keeps_what_it_held() -
     assert child_copy.queued_at > parent_copy.queued_at  # after the parent's copy
     assert child_copy.began < parent_copy.queued_at  # (its request time stays: logged durations)
     assert child_copy.unmerged() == [change(1)]  # what it held from its old B
+
+
+def test_a_copy_under_way_asked_to_wait_for_its_parents_copy_is_built_again_after_it() -> None:
+    """A child's copy already building held changes from its own B only: it cannot move back in the
+    queue (its staging table would miss the rows the parent's copy cascades to meanwhile), so it is
+    asked for again, afresh (no resume of its staging table), keeping its reason and how it applies."""
+    import time
+
+    from jobs.cdc.foreign_keys import ForeignKey
+    from jobs.cdc.sync import CdcSync, TableState
+    from jobs.cdc.table_selection import TableSpec
+
+    child_copy = copy(resume=True)
+    child_copy.phase, child_copy.applies_live = Phase.BUILDING, True
+    parent_copy = copy()
+    parent_copy.applies_live, parent_copy.queued_at = False, time.monotonic()
+    sync = CdcSync.__new__(CdcSync)
+    sync.tables = {}
+    for name, resync in (("parent", parent_copy), ("child", child_copy)):
+        sync.tables[("db", name)] = TableState(
+            TableSpec("db", name, f"lakehouse.dim_db.{name}"), ("id",), [], at(100)
+        )
+        sync.tables[("db", name)].resync = resync
+    sync.foreign_keys = [
+        ForeignKey("fk", ("db", "child"), ("pid",), ("db", "parent"), ("id",), "CASCADE", "SET NULL")
+    ]
+    sync._gone_children = set()
+    asked: list[tuple] = []
+    sync._request_resync = lambda table, *args, **kwargs: asked.append((table.spec.source_name, args, kwargs))
+
+    sync._resync_descendants(sync.tables[("db", "parent")])
+
+    assert asked == [("child", ("--resync", True), {"descendants": False, "resume": False})]
