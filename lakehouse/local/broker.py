@@ -85,7 +85,15 @@ class Broker:
             self.process.wait_until(
                 lambda: port_in_use(self.settings.kafka_port), 30, f"listener {self.bootstrap}"
             )
+            # Listening is not answering: once, just after a restart over stored data, the first
+            # metadata request had its connection reset ("Broker transport failure" in `up`).
+            self.process.wait_until(self.answers, 30, f"a metadata request at {self.bootstrap}")
         self.ensure_topic(CLICK_TOPIC, CLICK_TOPIC_PARTITIONS)
+
+    def answers(self) -> bool:
+        """Whether the broker answers a metadata request (raises what the client raises if not)."""
+        self.admin().list_topics(timeout=5)
+        return True
 
     def admin(self) -> AdminClient:
         return AdminClient({"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 10000})
