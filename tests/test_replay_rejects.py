@@ -156,25 +156,39 @@ def test_a_replay_killed_before_and_after_its_commit_lands_each_fixed_reject_onc
     other.close()
 
 
-def test_a_replay_refuses_a_view_an_earlier_release_counts(spark, lake_config) -> None:
-    """A views job of an earlier release stores no counted click snapshot and would never count
-    replayed rows below its watermark: the replay refuses before it writes; once this release's
-    views job has committed, it goes ahead."""
+def test_a_replay_or_a_repair_refuses_a_view_an_earlier_release_counts(spark, lake_config) -> None:
+    """A views job of an earlier release would never count the rows a replay adds (one storing no
+    counted click snapshot) or a repair removes (one storing no `lineage.views-counts`) below its
+    watermark: each refuses before it writes; once a release's views job that counts them has
+    committed, it goes ahead."""
     from jobs.common.progress_keys import VIEWS_CLICK_OFFSETS, VIEWS_CLICKS_SNAPSHOT
     from jobs.common.snapshot_progress import writer_options
-    from jobs.replay.job import ViewsOfAnEarlierRelease, check_views_count_replays
+    from jobs.common.views_counting import COUNTS, COUNTS_KEY, ViewsOfAnEarlierRelease, check_views_count
 
     table = "lakehouse.ads_behavior.views_replay_probe"
     spark.sql(f"DROP TABLE IF EXISTS {table}")
     spark.sql(f"CREATE TABLE {table} (productId string, views bigint) USING iceberg")
-    check_views_count_replays(spark, table)  # nothing counted yet: fine
     row = spark.createDataFrame([("1", 3)], "productId string, views bigint")
-    row.writeTo(table).options(**writer_options({VIEWS_CLICK_OFFSETS: '{"clicktopic":{"0":3}}'})).append()
-    with pytest.raises(ViewsOfAnEarlierRelease, match="earlier release"):
-        check_views_count_replays(spark, table)
-    now = {VIEWS_CLICK_OFFSETS: '{"clicktopic":{"0":4}}', VIEWS_CLICKS_SNAPSHOT: "1"}
-    row.writeTo(table).options(**writer_options(now)).append()
-    check_views_count_replays(spark, table)
+
+    def committed_by(**summary: str) -> dict[str, bool]:
+        if summary:
+            row.writeTo(table).options(**writer_options(summary)).append()
+        counts = {}
+        for what in ("replays", "repairs"):
+            try:
+                check_views_count(spark, table, what)
+                counts[what] = True
+            except ViewsOfAnEarlierRelease as exc:
+                assert "earlier release" in str(exc) and f"then {what[:-1]}" in str(exc), exc
+                counts[what] = False
+        return counts
+
+    assert committed_by() == {"replays": True, "repairs": True}  # nothing counted yet: fine
+    offsets = {VIEWS_CLICK_OFFSETS: '{"clicktopic":{"0":3}}'}
+    assert committed_by(**offsets) == {"replays": False, "repairs": False}
+    counted = {**offsets, VIEWS_CLICKS_SNAPSHOT: "1"}  # the release that counted replays first
+    assert committed_by(**counted) == {"replays": True, "repairs": False}
+    assert committed_by(**counted, **{COUNTS_KEY: COUNTS}) == {"replays": True, "repairs": True}
 
 
 def test_candidates_are_rejects_below_the_stored_offsets_not_yet_in_the_facts(spark) -> None:

@@ -35,7 +35,6 @@ from datetime import UTC, datetime
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.common import progress_keys
 from jobs.common.fault_injection import crash_point
 from jobs.common.lake_tables import OFFSETS_KEY, REPLAY_KEY, offsets_from_summary
 from jobs.common.snapshot_progress import (
@@ -44,9 +43,9 @@ from jobs.common.snapshot_progress import (
     find_lineage,
     main_snapshot,
     progress_as_of,
-    progress_summary_as_of,
     writer_options,
 )
+from jobs.common.views_counting import check_views_count
 from jobs.config import ConfigError
 from jobs.ingest.kafka_source import FETCHED_RECORD
 from jobs.ingest.products_dimension import read_products
@@ -193,28 +192,10 @@ def _convertible(row: dict, schema) -> dict:
 # ---- the job --------------------------------------------------------------------------------------
 
 
-class ViewsOfAnEarlierRelease(ConfigError):
-    """The view was last committed by a views job that does not count replayed rows."""
-
-
-def check_views_count_replays(spark, views_table: str | None) -> None:
-    """A views job of an earlier release (one that stores no counted click snapshot) would never
-    count the replayed rows below its watermark: refuse, before anything is written."""
-    if views_table is None or not spark.catalog.tableExists(views_table):
-        return
-    summary = progress_summary_as_of(spark, views_table, None, progress_keys.VIEWS_CLICK_OFFSETS)
-    if summary is not None and progress_keys.VIEWS_CLICKS_SNAPSHOT not in summary:
-        raise ViewsOfAnEarlierRelease(
-            f"{views_table} was last committed by a views job of an earlier release, which would not "
-            "count the replayed clicks: run this release's views job (it commits with the next click "
-            "batch), then replay"
-        )
-
-
 def replay_rejects(spark: SparkSession, settings: ReplaySettings) -> ReplayResult:
     """Plan, then append in one exclusive commit; another replay's commit in between plans again."""
     if not settings.dry_run:
-        check_views_count_replays(spark, settings.views_table)
+        check_views_count(spark, settings.views_table, "replays")
     for _ in range(PLANS):
         base = main_snapshot(spark, settings.fact_table)
         facts = spark.table(settings.fact_table)

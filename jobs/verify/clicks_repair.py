@@ -51,11 +51,10 @@ from jobs.common.lake_tables import REPAIR_KEY, in_offset_ranges, load_iceberg_t
 from jobs.common.snapshot_progress import (
     find_lineage,
     main_snapshot,
-    progress_summary_as_of,
     retry_commit,
     with_snapshot_properties,
 )
-from jobs.config import ConfigError
+from jobs.common.views_counting import check_views_count
 from jobs.ingest.kafka_source import FetchSettings, OffsetRange, fetch_ranges
 from jobs.ingest.products_dimension import read_products
 from jobs.ingest.validation import rejected_records, to_click_events, to_rejects, valid_click_events
@@ -117,26 +116,6 @@ class ClicksRepairOutcome:
 
 class TooScattered(ValueError):
     """More offset ranges than one repair takes."""
-
-
-class ViewsOfAnEarlierRelease(ConfigError):
-    """The view was last committed by a views job that does not count repair commits."""
-
-
-def check_views_count_repairs(spark: SparkSession, views_table: str | None) -> None:
-    """A views job of an earlier release would not count what a repair changes below its
-    watermark: refuse, before anything is written."""
-    from jobs.views.job import COUNTS_KEY, PROGRESS_KEY
-
-    if views_table is None or not spark.catalog.tableExists(views_table):
-        return
-    summary = progress_summary_as_of(spark, views_table, None, PROGRESS_KEY)
-    if summary is not None and COUNTS_KEY not in summary:
-        raise ViewsOfAnEarlierRelease(
-            f"{views_table} was last committed by a views job of an earlier release, which would not "
-            "count the repaired clicks: run this release's views job (it commits with the next click "
-            "batch), then repair"
-        )
 
 
 def as_ranges(offsets: dict[int, list[int]]) -> dict[str, list[list[int]]]:
@@ -277,7 +256,7 @@ def repair_clicks(
             f"{pieces:,} offset ranges to repair (more than {MAX_REPAIR_RANGES:,}): roll the tables back "
             "to a snapshot before the damage instead (the findings' hints)"
         )
-    check_views_count_repairs(spark, tables.views)
+    check_views_count(spark, tables.views, "repairs")
     fetched = read_again(spark, client_config_factory, tables.topic, plan.readable) if plan.readable else None
     has_rejects = spark.catalog.tableExists(tables.rejects)
 

@@ -63,6 +63,7 @@ from jobs.common.snapshot_progress import (
     writer_options,
 )
 from jobs.common.streaming_job import StreamingJob
+from jobs.common.views_counting import COUNTS, COUNTS_KEY
 from jobs.config import LakehouseConfig
 
 log = logging.getLogger("product_views")
@@ -72,10 +73,6 @@ COUNTED_SNAPSHOT_KEY = progress_keys.VIEWS_CLICKS_SNAPSHOT
 GROUP_COLUMNS = ("productId", "name", "product_price")
 # +1 for a click to count, -1 for one a repair removed below the watermark (counted before).
 WEIGHT = "_lakehouse_weight"
-# In every commit of a views job that counts repair commits: a repair that changes clicks below
-# the watermark refuses a view an earlier release last committed (it would never count them).
-COUNTS_KEY = "lineage.views-counts"
-COUNTS = "replays,repairs"
 
 Watermark = dict[int, int]  # kafka partition -> next click offset not yet counted
 # The topic of clicks written without the ingest's offsets (by hand, in tests), and of a watermark
