@@ -173,6 +173,41 @@ def test_keys_compare_alike_from_spark_and_from_the_binlog(spark) -> None:
     assert key_text(row, key) == tuple(canonical(v) for v in from_binlog)
 
 
+@pytest.mark.parametrize("max_tasks", [None, 1, 2])
+def test_a_dimensions_differences_are_multisets_however_many_tasks_compare(spark, max_tasks) -> None:
+    """Each side's rows the other lacks, as often as it has them more: a row the lake has twice is
+    one row of difference, a changed row is its key on both sides, NULLs compare as values, and a
+    key with equal rows is no difference; one task (beside the stream) or many say the same."""
+    from jobs.cdc.reconcile import _differences
+
+    schema = "id int, name string, price decimal(10,4)"
+    source = spark.createDataFrame(
+        [(1, "a", Decimal("1.5")), (2, "b", None), (3, "c", Decimal("3")), (4, None, None), (6, "f", None)],
+        schema,
+    )
+    lake = spark.createDataFrame(
+        [
+            (1, "a", Decimal("1.5")),
+            (2, "b", None),
+            (2, "b", None),  # twice: once too many
+            (3, "c", Decimal("3.0001")),  # changed
+            (5, "e", Decimal("5")),  # only the lake
+            (5, "e", Decimal("5")),  # ... twice
+            (6, None, None),  # a NULL where the source has a value: not (6, "f", None)
+        ],
+        schema,
+    )
+    only_source, only_lake = _differences(source, lake, ("id",), 7, max_tasks)
+    assert sorted(only_source) == [(("3",), (3,)), (("4",), (4,)), (("6",), (6,))]
+    assert sorted(only_lake) == [
+        (("2",), (2,)),
+        (("3",), (3,)),
+        (("5",), (5,)),
+        (("5",), (5,)),
+        (("6",), (6,)),
+    ]
+
+
 @pytest.mark.parametrize(
     ("statuses", "code"),
     [(("ok", "ok"), 0), (("ok", "mismatch"), 1), (("cannot run", "ok"), 2), (("cannot run", "mismatch"), 1)],

@@ -79,9 +79,12 @@ PROBLEM_SHOWN_SECONDS = 30.0  # a binlog reconnect this recent is still shown as
 # replication client of its own: this far from the job's server id (4201 + 90 = 4291; verify's 4290).
 RESYNC_VERIFY_SERVER_ID_OFFSET = 90
 # A re-snapshot beside the stream leaves the box to the batches where it can: one reader process, at
-# a lower CPU priority; its Spark jobs in a FAIR pool with no guaranteed slot.
+# a lower CPU priority; its Spark jobs in a FAIR pool with no guaranteed slot; its verification's
+# tasks on half the slots at most (`python -m bench cdc_resync`: on every slot, the other tables'
+# commits took 3-4x longer while it ran).
 RESYNC_READERS = 1
 RESYNC_NICENESS = 10
+RESYNC_SLOT_SHARE = 0.5
 RESYNC_STOP_SECONDS = 30.0  # a stopping job waits this long for a resync's thread to call its build off
 
 
@@ -707,18 +710,19 @@ class CdcSync(StreamingJob):
             now = source_db.describe_table(conn, source.schema, source.name)
             if now.columns != source.columns or now.key != source.key:  # its DDL restarts the copy
                 return Verdict(0, (("columns changed since the copy's position", 1, ()),), 0)
-            with reconcile.compare(
+            comparison = reconcile.compare(
                 self.spark, conn, staging, main_snapshot(self.spark, staging), beside.staging_position,
                 source,
                 source_db.connection_settings(self.config, self.credentials),
                 self.server_id + RESYNC_VERIFY_SERVER_ID_OFFSET, self._is_mariadb, RESYNC_NICENESS,
-            ) as comparison:  # fmt: skip
-                mismatches = tuple(
-                    (kind, len(keys), tuple("key " + ", ".join(k) for k in sorted(keys)[:3]))
-                    for kind, keys in comparison.kinds()
-                )
-                in_flight = len(comparison.differing & comparison.in_flight)
-                return Verdict(comparison.compared, mismatches, in_flight)
+                max_tasks=max(1, int(self.spark.sparkContext.defaultParallelism * RESYNC_SLOT_SHARE)),
+            )  # fmt: skip
+            mismatches = tuple(
+                (kind, len(keys), tuple("key " + ", ".join(k) for k in sorted(keys)[:3]))
+                for kind, keys in comparison.kinds()
+            )
+            in_flight = len(comparison.differing & comparison.in_flight)
+            return Verdict(comparison.compared, mismatches, in_flight)
         finally:
             conn.close()
 

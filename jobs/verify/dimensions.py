@@ -52,32 +52,31 @@ def check_dimension(
             return result
         except source_db.NoPrimaryKey:
             raise CannotCompare(f"the source table {qualified} has no primary key any more") from None
-        with compare(
+        comparison = compare(
             spark, conn, target, snapshot, position, source, connection_settings, server_id, is_mariadb
-        ) as comparison:
-            result.notes.extend(comparison.notes)
-            result.compared = comparison.compared
-            real = comparison.real
-            if repairs is not None and real:
-                if len(real) > MAX_REPAIR_KEYS:
-                    result.notes.append(
-                        f"not repaired: {len(real):,} keys differ (more than {MAX_REPAIR_KEYS:,}): "
-                        "re-snapshot it"
-                    )
-                else:
-                    lake_values = dict(comparison.lake_keys)
-                    values = {k: lake_values.get(k, comparison.source_keys.get(k)) for k in real}
-                    repairs.append(
-                        plan_repair(
-                            target,
-                            source,
-                            comparison.source_rows,
-                            comparison.lake_columns,
-                            values,
-                            key_columns,
-                            comparison.end,
-                        )  # fmt: skip
-                    )
+        )
+        result.notes.extend(comparison.notes)
+        result.compared = comparison.compared
+        real = comparison.real
+        if repairs is not None and real:
+            if len(real) > MAX_REPAIR_KEYS:
+                result.notes.append(
+                    f"not repaired: {len(real):,} keys differ (more than {MAX_REPAIR_KEYS:,}): re-snapshot it"
+                )
+            else:
+                lake_values = dict(comparison.lake_keys)
+                values = {k: lake_values.get(k, comparison.source_keys.get(k)) for k in real}
+                repairs.append(
+                    plan_repair(
+                        target,
+                        source,
+                        comparison.source_rows,
+                        comparison.lake_columns,
+                        values,
+                        key_columns,
+                        comparison.end,
+                    )  # fmt: skip
+                )
     except CannotCompare as exc:
         result.error = str(exc)
         return result
