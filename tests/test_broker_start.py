@@ -78,3 +78,25 @@ def test_a_broker_that_dies_after_listening_is_one_error_with_its_log(broker, mo
 
     with pytest.raises(StackError, match=r"tansu exited while starting\. Log .*tansu\.log"):
         started.start({})
+
+
+def test_up_over_a_running_broker_also_waits_until_it_answers(broker, monkeypatch) -> None:
+    """A second `up` while the broker an earlier one started is still warming up."""
+    started, lives = broker
+    lives.write_text("60")
+    answers = iter([True, KafkaException("Broker transport failure"), True])
+
+    def answer(self) -> bool:
+        reply = next(answers)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    monkeypatch.setattr(Broker, "answers", answer)
+    monkeypatch.setattr(Broker, "ensure_topic", lambda self, topic, partitions: None)
+    started.start({})
+    pid = started.process.pid()
+
+    started.start({})  # running: not started again, but asked until it answers
+
+    assert started.process.pid() == pid and next(answers, "all used") == "all used"

@@ -164,6 +164,8 @@ def test_a_replay_or_a_repair_refuses_a_view_an_earlier_release_counts(spark, la
     from jobs.common.progress_keys import VIEWS_CLICK_OFFSETS, VIEWS_CLICKS_SNAPSHOT
     from jobs.common.snapshot_progress import writer_options
     from jobs.common.views_counting import COUNTS, COUNTS_KEY, ViewsOfAnEarlierRelease, check_views_count
+    from jobs.replay.job import ReplaySettings, replay_rejects
+    from jobs.verify.clicks_repair import ClicksRepair, ClickTables, repair_clicks
 
     table = "lakehouse.ads_behavior.views_replay_probe"
     spark.sql(f"DROP TABLE IF EXISTS {table}")
@@ -186,8 +188,16 @@ def test_a_replay_or_a_repair_refuses_a_view_an_earlier_release_counts(spark, la
     assert committed_by() == {"replays": True, "repairs": True}  # nothing counted yet: fine
     offsets = {VIEWS_CLICK_OFFSETS: '{"clicktopic":{"0":3}}'}
     assert committed_by(**offsets) == {"replays": False, "repairs": False}
+    # ... and the replay asks as a replay, before it reads or writes anything
+    settings = ReplaySettings("lakehouse.none.fact", "lakehouse.none.rejects", "lakehouse.none.p", "t", table)
+    with pytest.raises(ViewsOfAnEarlierRelease, match="then replay"):
+        replay_rejects(spark, settings)
     counted = {**offsets, VIEWS_CLICKS_SNAPSHOT: "1"}  # the release that counted replays first
     assert committed_by(**counted) == {"replays": True, "repairs": False}
+    # ... and the repair asks as a repair, before it reads or writes anything
+    tables = ClickTables("lakehouse.none.fact", "lakehouse.none.rejects", table, "lakehouse.none.p", "t")
+    with pytest.raises(ViewsOfAnEarlierRelease, match="then repair"):
+        repair_clicks(spark, ClicksRepair({}, {}), tables, client_config_factory=None)
     assert committed_by(**counted, **{COUNTS_KEY: COUNTS}) == {"replays": True, "repairs": True}
 
 

@@ -208,6 +208,29 @@ def test_a_dimensions_differences_are_multisets_however_many_tasks_compare(spark
     ]
 
 
+def test_a_comparison_beside_the_stream_runs_no_more_tasks_at_once_than_it_is_given(spark) -> None:
+    """`max_tasks`: every stage of the comparison has that many tasks at most, however many
+    partitions its inputs have (a copy's verification leaves the other slots to the batches)."""
+    from jobs.cdc.reconcile import _differences
+
+    frame = spark.range(4_000).selectExpr("CAST(id AS INT) AS id", "CAST(id % 7 AS STRING) AS name")
+    source, lake = frame.repartition(8), frame.where("id != 5").repartition(6)
+    tracker, group = spark.sparkContext.statusTracker(), "lakehouse-test-max-tasks"
+    spark.sparkContext.setJobGroup(group, "max_tasks")
+    try:
+        only_source, only_lake = _differences(source, lake, ("id",), 4_000, max_tasks=2)
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    assert (only_source, only_lake) == ([(("5",), (5,))], [])
+    stages = [
+        tracker.getStageInfo(stage)
+        for job in tracker.getJobIdsForGroup(group)
+        for stage in tracker.getJobInfo(job).stageIds
+    ]
+    ran = [s.numTasks for s in stages if s is not None and s.numCompletedTasks]
+    assert ran and max(ran) <= 2, ran
+
+
 @pytest.mark.parametrize(
     ("statuses", "code"),
     [(("ok", "ok"), 0), (("ok", "mismatch"), 1), (("cannot run", "ok"), 2), (("cannot run", "mismatch"), 1)],

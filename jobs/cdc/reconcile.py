@@ -7,7 +7,7 @@ copy it re-snapshotted beside the stream, before swapping it in (`resync.py`):
 2. Read the source table in primary-key chunks (the snapshot's lock-free reads, converted to the
    lake's types the way the snapshot converts them), then the binlog end E.
 3. Compare the two as multisets of rows over the columns both have (`exceptAll` both ways, in one
-   shuffle of short tasks: `_differences`).
+   aggregation: `_differences`).
 4. A key that differs may only be in flight: changed in the source after P, so the lake (at P) and
    the read (somewhere before E) may see different versions. The binlog between P and E is read for
    that table; a differing key changed there is explained, not a mismatch. What remains is real.
@@ -155,14 +155,18 @@ def _differences(
     side = "_lakehouse_side"
     columns = [F.col(identifier(c)) for c in left.columns]
     tagged = left.withColumn(side, F.lit(1)).unionByName(right.withColumn(side, F.lit(-1)))
-    if max_tasks == 1:  # one partition is clustered by any columns: no shuffle at all
-        grouped = tagged.coalesce(1)
-    elif max_tasks is not None:
-        grouped = tagged.coalesce(max_tasks).repartition(max_tasks, *columns)
+    if max_tasks is not None:
+        # The reading stage in `max_tasks` tasks, and the aggregating one too (the last coalesce
+        # merges its shuffle partitions); with one, no shuffle at all (a single partition is
+        # clustered by any columns). Not `repartition(k)` on top: the optimizer drops a coalesce
+        # under a repartition, and the reading stage would take every slot again.
+        grouped = tagged.coalesce(max_tasks)
     else:  # a number of partitions, not the session's: adaptive execution does not coalesce these
         parallelism = left.sparkSession.sparkContext.defaultParallelism
         grouped = tagged.repartition(max(parallelism, -(-2 * rows // TASK_ROWS)), *columns)
     surplus = grouped.groupBy(*columns).agg(F.sum(side).alias(side)).where(F.col(side) != 0)
+    if max_tasks is not None:
+        surplus = surplus.coalesce(max_tasks)
     raw = [F.col(identifier(k)).alias(f"_lakehouse_raw{i}") for i, k in enumerate(key)]
     only_left, only_right = [], []
     for r in surplus.select(*key_columns(surplus, key), *raw, side).collect():

@@ -288,7 +288,7 @@ def _require_cdc_tables(session, tables: list[str]) -> None:
                 ) from None
             raise OperateError(
                 f"cannot look up {DEFAULT_NAMESPACE}.{name} in the Glue catalog ({code}): this needs "
-                f"glue:GetTable on database {DEFAULT_NAMESPACE}"
+                f"glue:GetTable on the catalog, database {DEFAULT_NAMESPACE} and its tables"
             ) from None
 
 

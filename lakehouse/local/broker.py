@@ -85,9 +85,10 @@ class Broker:
             self.process.wait_until(
                 lambda: port_in_use(self.settings.kafka_port), 30, f"listener {self.bootstrap}"
             )
-            # Listening is not answering: once, just after a restart over stored data, the first
-            # metadata request had its connection reset ("Broker transport failure" in `up`).
-            self.process.wait_until(self.answers, 30, f"a metadata request at {self.bootstrap}")
+        # Listening is not answering: once, just after a restart over stored data, the first
+        # metadata request had its connection reset ("Broker transport failure" in `up`). A broker
+        # an earlier `up` started may still be at that point too.
+        self.process.wait_until(self.answers, 30, f"a metadata request at {self.bootstrap}")
         self.ensure_topic(CLICK_TOPIC, CLICK_TOPIC_PARTITIONS)
 
     def answers(self) -> bool:
