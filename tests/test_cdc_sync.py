@@ -1154,13 +1154,17 @@ def test_create_or_replace_with_another_key_or_none(spark, app_conn, make_sync) 
 
 
 def test_verify_explains_changes_in_flight_and_finds_what_they_do_not(
-    spark, lake_config, app_conn, make_sync
+    spark, lake_config, app_conn, make_sync, monkeypatch
 ) -> None:
     """`lakehouse verify`'s dimension check on a live source: changes CDC has not applied yet are
     explained by the binlog after the lake's position (no false alarm); a lake row changed behind
-    CDC's back, on a key no change touched, is found and named - also once CDC has caught up."""
-    from jobs.cdc import source_db
+    CDC's back, on a key no change touched, is found and named - also once CDC has caught up. The
+    source is read in pieces of 100 rows, each summed as it comes."""
+    from jobs.cdc import reconcile, source_db
     from jobs.verify.dimensions import check_dimension
+
+    monkeypatch.setattr(reconcile, "CHUNK_ROWS", 50)
+    monkeypatch.setattr(reconcile, "FRAME_ROWS", 100)
 
     name = "cdc_test_verify"
     pair = fresh_test_table(spark, app_conn, name)

@@ -265,6 +265,23 @@ def test_a_clean_comparison_reads_no_row_twice_and_a_difference_reads_only_its_b
     assert 0 < compared[0] <= 2 * 20_000 // 10, compared  # 20 buckets: one, or a few by chance
 
 
+def test_bucket_sums_of_the_pieces_a_source_is_read_in_add_up_to_the_whole(spark) -> None:
+    """`compare` sums each source piece as it is read (`BucketSums.add`): the pieces' sums equal the
+    whole table's, and a piece missing or read twice shows in the buckets it touches."""
+    from jobs.cdc.reconcile import BucketSums
+
+    frame = spark.range(5_000).selectExpr("CAST(id AS INT) AS id", "IF(id % 4 = 0, NULL, id % 9) AS qty")
+    pieces = [frame.where(f"id >= {lo} AND id < {lo + 1_700}") for lo in range(0, 5_000, 1_700)]
+    sums = BucketSums(("id",), 5, frame, frame, max_tasks=1)
+    whole, added = sums.of(frame), {}
+    for piece in pieces:
+        BucketSums.add(added, sums.of(piece))
+    assert added == whole and sum(rows for rows, _, _ in whole.values()) == 5_000
+    assert sums.differing(added, whole) == []
+    BucketSums.add(added, sums.of(pieces[1]))  # a piece read twice
+    assert sums.differing(added, whole) == sorted(sums.of(pieces[1]))
+
+
 def test_a_comparison_beside_the_stream_runs_no_more_tasks_at_once_than_it_is_given(spark) -> None:
     """`max_tasks`: every stage of the comparison has that many tasks at most, however many
     partitions its inputs have (a copy's verification leaves the other slots to the batches)."""

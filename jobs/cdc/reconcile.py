@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import functools
-import operator
 import queue
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame
@@ -36,6 +35,7 @@ from pyspark.sql import types as T
 
 from jobs.cdc import source_db
 from jobs.cdc.binlog_reader import BinlogPosition, BinlogReader, DdlEvent
+from jobs.cdc.chunk_reader import FULL_SPEED, Pace
 from jobs.cdc.snapshot import WHOLE_TABLE, piece_frames, rows_frame
 from jobs.cdc.source_db import SourceTable
 from jobs.common.sql_text import identifier
@@ -56,19 +56,24 @@ def source_frame(
     spark,
     conn,
     source: SourceTable,
-    chunk_rows: int = CHUNK_ROWS,
+    chunk_rows: int | None = None,
     connection_settings: dict | None = None,
-    niceness: int = 0,
+    pace: Pace = FULL_SPEED,
+    on_piece: Callable[[DataFrame], None] = lambda frame: None,
 ) -> tuple[DataFrame, int]:
     """Every source row, read in key order a chunk at a time (no lock, no long read view): by the
     snapshot's reader process when `connection_settings` are given (faster), else by `conn`; and
     how many. Every row is in the JVM when this returns (no need to cache it): a position read
-    afterwards is past all the reads."""
+    afterwards is past all the reads. `on_piece(frame)` is called with each piece as it comes,
+    while the reader reads the next."""
     pieces = piece_frames(
-        spark, conn, source, WHOLE_TABLE, chunk_rows, FRAME_ROWS, connection_settings, niceness
+        spark, conn, source, WHOLE_TABLE, chunk_rows or CHUNK_ROWS, FRAME_ROWS, connection_settings, pace
     )
+    read = []
     with contextlib.closing(pieces):
-        read = [(frame, piece.rows) for frame, piece, _ in pieces]
+        for frame, piece, _ in pieces:
+            on_piece(frame)
+            read.append((frame, piece.rows))
     if not read:
         return rows_frame(spark, source, []), 0
     frame = read[0][0]
@@ -156,52 +161,78 @@ def _differences(
     once on the other is one row of the difference), as (key text, key values) of each row; at most
     `max_tasks` tasks in each stage (default: about TASK_ROWS rows per task).
 
-    Two passes: each side's row count and row-hash sum per bucket of keys (`_differing_buckets`, a
-    pass over each side with a tiny aggregation), then the rows of the buckets that differ only,
-    compared value by value (`_row_differences`). A clean table costs the first pass alone: 1M rows
-    a side in about a third of the CPU of the value-by-value comparison (`python -m bench
-    cdc_resync`, whose other table's commits slowed while it ran)."""
-    buckets = min(MAX_BUCKETS, max(1, -(-rows // BUCKET_ROWS)))
-    differing = _differing_buckets(left, right, key, buckets, max_tasks)
+    Two passes: each side's `BucketSums`, then the rows of the buckets that differ only, compared
+    value by value (`_in_buckets`). A clean table costs the first pass alone: 1M rows a side in
+    about a third of the CPU of the value-by-value comparison."""
+    sums = BucketSums(key, bucket_count(rows), left, right, max_tasks)
+    differing = sums.differing(sums.of(left), sums.of(right))
+    return _in_buckets(left, right, sums, differing, rows, max_tasks)
+
+
+def bucket_count(rows: int) -> int:
+    return min(MAX_BUCKETS, max(1, -(-rows // BUCKET_ROWS)))
+
+
+Sums = dict[int, tuple[int, int, int]]  # bucket -> (rows, low halves' sum, high halves' sum)
+
+
+class BucketSums:
+    """Per bucket of keys, a frame's row count and its 64-bit row hashes' sum (as two 32-bit
+    halves: no overflow). Equal multisets have equal sums; unequal ones, only if the hashes of their
+    differing rows sum alike (about 2^-64 per bucket). The hash skips a NULL, so a column that may
+    be NULL on either side has its NULL-ness hashed too: (NULL, 1) is not (1, NULL). Both sides have
+    the same columns and types (`_compared`), hence the same hashes. Sums of pieces add up."""
+
+    def __init__(
+        self, key: tuple[str, ...], buckets: int, left: DataFrame, right: DataFrame, max_tasks: int | None
+    ) -> None:
+        self.key, self.buckets, self.max_tasks = key, buckets, max_tasks
+        nullable = {f.name for f in [*left.schema.fields, *right.schema.fields] if f.nullable}
+        values = []
+        for name in left.columns:
+            column = F.col(identifier(name))
+            values += [column, column.isNull()] if name in nullable else [column]
+        self._hash = F.xxhash64(*values)
+
+    def bucket(self):
+        return F.pmod(F.xxhash64(*(F.col(identifier(k)) for k in self.key)), F.lit(self.buckets))
+
+    def of(self, frame: DataFrame) -> Sums:
+        if self.max_tasks is not None:  # the reading stage in `max_tasks` tasks at most
+            frame = frame.coalesce(self.max_tasks)
+        low, high = self._hash.bitwiseAND(F.lit(0xFFFFFFFF)), F.shiftrightunsigned(self._hash, 32)
+        sums = frame.groupBy(self.bucket().alias("bucket")).agg(F.count(F.lit(1)), F.sum(low), F.sum(high))
+        if self.max_tasks is not None:
+            sums = sums.coalesce(self.max_tasks)
+        return {r[0]: (r[1], r[2], r[3]) for r in sums.collect()}
+
+    @staticmethod
+    def add(total: Sums, more: Sums) -> None:
+        for bucket, (rows, low, high) in more.items():
+            was = total.get(bucket, (0, 0, 0))
+            total[bucket] = (was[0] + rows, was[1] + low, was[2] + high)
+
+    @staticmethod
+    def differing(left: Sums, right: Sums) -> list[int]:
+        return sorted(b for b in left.keys() | right.keys() if left.get(b) != right.get(b))
+
+
+def _in_buckets(
+    left: DataFrame,
+    right: DataFrame,
+    sums: BucketSums,
+    differing: list[int],
+    rows: int,
+    max_tasks: int | None,
+) -> tuple[list[tuple[tuple[str, ...], tuple]], list[tuple[tuple[str, ...], tuple]]]:
+    """`_row_differences` of the rows in the `differing` buckets."""
     if not differing:
         return [], []
-    if len(differing) < buckets:
-        bucket = _bucket(key, buckets)
+    if len(differing) < sums.buckets:
+        bucket = sums.bucket()
         left, right = left.where(bucket.isin(differing)), right.where(bucket.isin(differing))
-        rows = -(-rows * len(differing) // buckets)
-    return _row_differences(left, right, key, rows, max_tasks)
-
-
-def _bucket(key: tuple[str, ...], buckets: int):
-    return F.pmod(F.xxhash64(*(F.col(identifier(k)) for k in key)), F.lit(buckets))
-
-
-def _differing_buckets(
-    left: DataFrame, right: DataFrame, key: tuple[str, ...], buckets: int, max_tasks: int | None
-) -> list[int]:
-    """The buckets of keys whose rows may differ: where the two sides' row counts, or sums of 64-bit
-    row hashes (as two 32-bit halves, no overflow), differ. Equal multisets always agree; unequal
-    ones agree only if the hashes of their differing rows sum alike (about 2^-64 per bucket). The
-    hash skips a NULL, so each nullable column's NULL-ness is hashed too: (NULL, 1) is not (1, NULL).
-    Both sides have the same columns and types (`_compared`), hence the same hashes."""
-    side = "_lakehouse_side"
-    nullable = {f.name for f in [*left.schema.fields, *right.schema.fields] if f.nullable}
-    values = []
-    for name in left.columns:
-        column = F.col(identifier(name))
-        values += [column, column.isNull()] if name in nullable else [column]
-    row_hash = F.xxhash64(*values)
-    low, high = row_hash.bitwiseAND(F.lit(0xFFFFFFFF)), F.shiftrightunsigned(row_hash, 32)
-    tagged = left.withColumn(side, F.lit(1)).unionByName(right.withColumn(side, F.lit(-1)))
-    if max_tasks is not None:  # the reading stage in `max_tasks` tasks at most
-        tagged = tagged.coalesce(max_tasks)
-    parts = {"_lakehouse_rows": F.lit(1), "_lakehouse_low": low, "_lakehouse_high": high}
-    sums = [F.sum(F.col(side) * part).alias(name) for name, part in parts.items()]
-    per_bucket = tagged.groupBy(_bucket(key, buckets).alias("bucket")).agg(*sums)
-    differ = per_bucket.where(functools.reduce(operator.or_, (F.col(name) != 0 for name in parts)))
-    if max_tasks is not None:
-        differ = differ.coalesce(max_tasks)
-    return sorted(r[0] for r in differ.select("bucket").collect())
+        rows = -(-rows * len(differing) // sums.buckets)
+    return _row_differences(left, right, sums.key, rows, max_tasks)
 
 
 def _row_differences(
@@ -307,21 +338,35 @@ def compare(
     connection_settings: dict,
     server_id: int,
     is_mariadb: bool,
-    niceness: int = 0,
+    pace: Pace = FULL_SPEED,
     max_tasks: int | None = None,
 ) -> Comparison:
     """Compare `table` as of `snapshot` (which stores `position`) with the source table `source`;
-    `niceness`: the source reader process's; `max_tasks`: Spark tasks the comparison runs at once
+    `pace`: the source reader process's; `max_tasks`: Spark tasks the comparison runs at once
     (default: as many as there are slots)."""
-    src, compared = source_frame(
-        spark, conn, source, connection_settings=connection_settings, niceness=niceness
-    )
-    end = BinlogPosition(*source_db.master_position(conn))
     lake = spark.sql(f"SELECT * FROM {table} VERSION AS OF {snapshot}")
     notes: list[str] = []
-    left, right = _compared(source, src, lake, notes)
+    shape, right = _compared(source, rows_frame(spark, source, []), lake, notes)
     key = source.key
-    only_source, only_lake = _differences(left, right, key, compared, max_tasks)
+    sums = BucketSums(key, bucket_count(source_db.estimated_rows(conn, source)), shape, right, max_tasks)
+    source_sums: Sums = {}
+    lake_sums: list[Sums] = []
+
+    def on_piece(frame: DataFrame) -> None:
+        # The first pass, while the reader reads the next piece: the box's CPU is not all taken then.
+        if not lake_sums:
+            lake_sums.append(sums.of(right))
+        BucketSums.add(source_sums, sums.of(frame.select(*shape.columns)))
+
+    src, compared = source_frame(
+        spark, conn, source, connection_settings=connection_settings, pace=pace, on_piece=on_piece
+    )
+    end = BinlogPosition(*source_db.master_position(conn))
+    if not lake_sums:  # no source rows
+        lake_sums.append(sums.of(right))
+    left = src.select(*shape.columns)
+    buckets = sums.differing(source_sums, lake_sums[0])
+    only_source, only_lake = _in_buckets(left, right, sums, buckets, compared, max_tasks)
     source_keys, lake_keys = dict(only_source), only_lake
     differing = set(source_keys) | {text for text, _ in lake_keys}
     qualified = (source.schema, source.name)
