@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from jobs.cdc import source_db
-from jobs.cdc.chunk_reader import READ_AHEAD, ChunkReader
+from jobs.cdc.chunk_reader import READ_AHEAD, ChunkReader, Pace
 
 
 @pytest.fixture
@@ -64,7 +64,7 @@ def test_the_pieces_are_the_table_in_key_order(source, tmp_path) -> None:
             Path(piece.path).unlink()
             got += rows
             pieces.append((piece.rows, piece.chunks, piece.after, piece.done))
-            assert piece.rows == len(rows)
+            assert piece.rows == len(rows) and piece.rested == 0  # at full speed: no rest
     finally:
         reader.close()
     # One chunk first (the driver's first commit overlaps the next read), then pieces of 3 chunks;
@@ -83,6 +83,29 @@ def test_the_pieces_are_the_table_in_key_order(source, tmp_path) -> None:
     assert lake_rows == source_rows
     assert [r[0] for r in got] == sorted(r[0] for r in got)
     assert not list(tmp_path.glob("*/*")) and not list(tmp_path.iterdir())  # nothing left behind
+
+
+def test_a_paced_reader_rests_after_its_chunks_at_a_lower_priority_and_reads_every_row(
+    source, tmp_path
+) -> None:
+    """A re-snapshot beside the stream (`Pace`): the reader process runs 5 nice levels lower than
+    its driver and rests after each chunk (each piece says how long); the rows are the same."""
+    import os
+
+    _, settings, table = source
+    pace = Pace(niceness=5, rest_ratio=2.0)
+    reader = ChunkReader(settings, table, None, 100, 300, str(tmp_path), pace=pace)
+    rows, rested = 0, []
+    try:
+        niceness = os.getpriority(os.PRIO_PROCESS, reader.process.pid)
+        for piece in reader:
+            rows += len(piece_rows(piece.path))
+            Path(piece.path).unlink()
+            rested.append(piece.rested)
+    finally:
+        reader.close()
+    assert niceness == os.getpriority(os.PRIO_PROCESS, 0) + 5
+    assert rows == 1005 and len(rested) == 5 and all(seconds > 0 for seconds in rested), rested
 
 
 def test_a_table_dropped_while_read_is_the_drivers_missing_table(source, tmp_path) -> None:

@@ -840,3 +840,39 @@ def test_a_table_turns_merge_on_read_at_its_size_unless_the_ingest_joins_it(tabl
     from jobs.cdc.target_table import write_mode
 
     assert write_mode(table, rows, current) == mode
+
+
+def test_a_paced_read_rests_its_ratio_of_each_chunks_read(monkeypatch) -> None:
+    """`read_pieces` with `rest_ratio` r: after a chunk read in t seconds, a rest of r * t (gh-ost's
+    `--nice-ratio`), summed per piece; none at full speed."""
+    from jobs.cdc import chunk_reader
+    from jobs.cdc.source_db import SourceTable
+
+    clock, rests = [0.0], []
+    reads = iter([0.2, 0.1, 0.3])  # seconds each chunk's read takes
+
+    class Time:
+        @staticmethod
+        def monotonic() -> float:
+            return clock[0]
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            rests.append(seconds)
+            clock[0] += seconds
+
+    def read_chunk(conn, source, after, chunk_rows, upto):
+        clock[0] += next(reads)
+        start = after[0] if after else 0
+        rows = [(k,) for k in range(start + 1, start + 1 + (chunk_rows if start < 20 else 5))]
+        return rows, (rows[-1][0],)
+
+    monkeypatch.setattr(chunk_reader, "time", Time)
+    monkeypatch.setattr(chunk_reader.source_db, "read_chunk", read_chunk)
+    table = SourceTable("s", "t", (), ("id",))
+    pieces = list(chunk_reader.read_pieces(None, table, None, 10, 20, None, rest_ratio=1.5))
+    assert rests == pytest.approx([0.3, 0.15, 0.45])
+    assert [(len(rows), done, rested) for rows, _, _, done, rested in pieces] == [
+        (10, False, pytest.approx(0.3)),
+        (15, True, pytest.approx(0.6)),
+    ]

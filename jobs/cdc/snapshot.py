@@ -53,7 +53,9 @@ from pyspark.sql import types as T
 from jobs.cdc import position_commit, source_db, target_table
 from jobs.cdc.binlog_reader import BinlogPosition
 from jobs.cdc.chunk_reader import (
+    FULL_SPEED,
     ChunkReader,
+    Pace,
     Piece,
     keys_from_json,
     keys_to_json,
@@ -274,7 +276,8 @@ def build_staging(
     readers: int = READERS,
     cancelled: threading.Event | None = None,
     on_position=lambda position: None,
-    niceness: int = 0,
+    pace: Pace = FULL_SPEED,
+    max_tasks: int | None = None,
 ) -> BuiltSnapshot:
     """Read the source table into a staging table beside `target`; returns it with its position B.
 
@@ -287,8 +290,8 @@ def build_staging(
     resumed snapshot keeps the ranges it had. `metrics` gets each commit's rows and seconds (job
     `cdc-snapshot`): a long snapshot's rate on the dashboard, not only in the log. `cancelled`, once
     set, stops the copy at the next piece (`SnapshotCancelled`; the staging table stays, for the next
-    start's clean-up). `on_position(B)` is called as soon as B is known, before the copy. `niceness`:
-    the reader processes'."""
+    start's clean-up). `on_position(B)` is called as soon as B is known, before the copy. `pace`:
+    the reader processes'; `max_tasks`: Spark tasks writing a piece (default: one per slot)."""
     source = source_db.describe_table(conn, source_schema, source_name)
     columns = [(c.name, c.spark_type) for c in source.columns]  # UnsupportedType before any write
     if not resume:
@@ -326,7 +329,7 @@ def build_staging(
     began = time.monotonic()
     # Reader processes start reading at once: a new staging table is created meanwhile.
     pieces = piece_frames(
-        spark, conn, source, progress.ranges, chunk_rows, commit_rows, reader_connection, niceness
+        spark, conn, source, progress.ranges, chunk_rows, commit_rows, reader_connection, pace, max_tasks
     )
     with contextlib.closing(pieces):
         if resumable is None:
@@ -422,7 +425,8 @@ def piece_frames(
     chunk_rows: int,
     piece_rows: int,
     reader_connection: dict | None,
-    niceness: int = 0,
+    pace: Pace = FULL_SPEED,
+    max_tasks: int | None = None,
 ) -> Iterator[tuple[DataFrame, Piece, int]]:
     """The rows of the key `ranges` not done, as (DataFrame, piece, index of its range): one
     DataFrame per piece of about `piece_rows` rows, each already in the JVM, a range's pieces in key
@@ -430,19 +434,20 @@ def piece_frames(
     started at once, reads and converts the next pieces while the caller uses this one, pieces
     coming as they are ready; without, `conn` reads the ranges in turn. Empty pieces are skipped.
     Close the iterator (`contextlib.closing`): that stops the readers, also before the first piece.
-    `niceness`: the reader processes' (`ChunkReader`)."""
+    `pace`: the reader processes' (`ChunkReader`); `max_tasks`: Spark tasks per piece at most."""
     todo = [(index, key_range) for index, key_range in enumerate(ranges) if not key_range.done]
     if reader_connection is None:
-        return _pieces_in_turn(spark, conn, source, todo, chunk_rows, piece_rows)
-    # A piece is one task per Arrow batch: as many tasks as cores, but no tiny files.
-    batch_rows = max(TASK_ROWS, -(-piece_rows // spark.sparkContext.defaultParallelism))
+        return _pieces_in_turn(spark, conn, source, todo, chunk_rows, piece_rows, pace.rest_ratio)
+    # A piece is one task per Arrow batch: as many tasks as cores (or `max_tasks`), but no tiny files.
+    tasks = min(spark.sparkContext.defaultParallelism, max_tasks or spark.sparkContext.defaultParallelism)
+    batch_rows = max(TASK_ROWS, -(-piece_rows // tasks))
     temp_dir, schema = spark.sparkContext._temp_dir, frame_schema(source)
     readers: list[tuple[int, ChunkReader]] = []
     try:
         for index, key_range in todo:
             reader = ChunkReader(
                 reader_connection, source, key_range.after, chunk_rows, piece_rows, temp_dir, batch_rows,
-                key_range.upto, niceness,
+                key_range.upto, pace,
             )  # fmt: skip
             readers.append((index, reader))
         return _ReaderPieces(spark, readers, schema)
@@ -458,12 +463,13 @@ def _close_all(readers) -> None:
             stack.callback(reader.close)
 
 
-def _pieces_in_turn(spark, conn, source: SourceTable, todo, chunk_rows: int, piece_rows: int):
+def _pieces_in_turn(spark, conn, source: SourceTable, todo, chunk_rows: int, piece_rows: int, rest: float):
     for index, key_range in todo:
-        pieces = read_pieces(conn, source, key_range.after, chunk_rows, piece_rows, key_range.upto)
-        for rows, last_key, chunks, done in pieces:
+        pieces = read_pieces(conn, source, key_range.after, chunk_rows, piece_rows, key_range.upto, rest)
+        for rows, last_key, chunks, done, rested in pieces:
             if rows:
-                yield rows_frame(spark, source, rows), Piece("", last_key, len(rows), chunks, done), index
+                piece = Piece("", last_key, len(rows), chunks, done, rested)
+                yield rows_frame(spark, source, rows), piece, index
 
 
 class _ReaderPieces:

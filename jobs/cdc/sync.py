@@ -44,6 +44,7 @@ from jobs.cdc import (
 )
 from jobs.cdc.binlog_reader import BinlogPosition, BinlogReader, DdlEvent, Transaction
 from jobs.cdc.change_batch import DELETE, UPSERT, RowChange, last_change_per_key
+from jobs.cdc.chunk_reader import Pace
 from jobs.cdc.position_check import position_problem
 from jobs.cdc.resync import ATTEMPTS, BesideStream, Phase, Verdict
 from jobs.cdc.schema_mapping import SourceColumn, UnsupportedType
@@ -79,11 +80,12 @@ PROBLEM_SHOWN_SECONDS = 30.0  # a binlog reconnect this recent is still shown as
 # replication client of its own: this far from the job's server id (4201 + 90 = 4291; verify's 4290).
 RESYNC_VERIFY_SERVER_ID_OFFSET = 90
 # A re-snapshot beside the stream leaves the box to the batches where it can: one reader process, at
-# a lower CPU priority; its Spark jobs in a FAIR pool with no guaranteed slot; its verification's
+# a lower CPU priority and resting as long as it reads (and so reading the source at half speed at
+# most); its Spark jobs in a FAIR pool with no guaranteed slot; its build's and its verification's
 # tasks on half the slots at most (`python -m bench cdc_resync`: on every slot, the other tables'
-# commits took 3-4x longer while it ran).
+# commits took 3-4x longer while the verification ran).
 RESYNC_READERS = 1
-RESYNC_NICENESS = 10
+RESYNC_PACE = Pace(niceness=10, rest_ratio=1.0)
 RESYNC_SLOT_SHARE = 0.5
 RESYNC_STOP_SECONDS = 30.0  # a stopping job waits this long for a resync's thread to call its build off
 
@@ -697,10 +699,16 @@ class CdcSync(StreamingJob):
                 readers=RESYNC_READERS,
                 cancelled=cancelled,
                 on_position=on_position,
-                niceness=RESYNC_NICENESS,
+                pace=RESYNC_PACE,
+                max_tasks=self._resync_tasks,
             )
         finally:
             conn.close()
+
+    @property
+    def _resync_tasks(self) -> int:
+        """Spark tasks a re-snapshot beside the stream runs at once: its share of the slots."""
+        return max(1, int(self.spark.sparkContext.defaultParallelism * RESYNC_SLOT_SHARE))
 
     def _verify_copy(self, beside: BesideStream) -> Verdict:
         """In the resync's thread: the staging table against the source, as `lakehouse verify` does."""
@@ -714,8 +722,8 @@ class CdcSync(StreamingJob):
                 self.spark, conn, staging, main_snapshot(self.spark, staging), beside.staging_position,
                 source,
                 source_db.connection_settings(self.config, self.credentials),
-                self.server_id + RESYNC_VERIFY_SERVER_ID_OFFSET, self._is_mariadb, RESYNC_NICENESS,
-                max_tasks=max(1, int(self.spark.sparkContext.defaultParallelism * RESYNC_SLOT_SHARE)),
+                self.server_id + RESYNC_VERIFY_SERVER_ID_OFFSET, self._is_mariadb, RESYNC_PACE,
+                max_tasks=self._resync_tasks,
             )  # fmt: skip
             mismatches = tuple(
                 (kind, len(keys), tuple("key " + ", ".join(k) for k in sorted(keys)[:3]))
