@@ -1159,12 +1159,22 @@ def test_verify_explains_changes_in_flight_and_finds_what_they_do_not(
     """`lakehouse verify`'s dimension check on a live source: changes CDC has not applied yet are
     explained by the binlog after the lake's position (no false alarm); a lake row changed behind
     CDC's back, on a key no change touched, is found and named - also once CDC has caught up. The
-    source is read in pieces of 100 rows, each summed as it comes."""
+    source is read in pieces of 100 rows, each summed as it comes, in buckets of about 20 keys: once
+    caught up, only the tampered row's bucket is compared value by value."""
     from jobs.cdc import reconcile, source_db
     from jobs.verify.dimensions import check_dimension
 
     monkeypatch.setattr(reconcile, "CHUNK_ROWS", 50)
     monkeypatch.setattr(reconcile, "FRAME_ROWS", 100)
+    monkeypatch.setattr(reconcile, "BUCKET_ROWS", 20)
+    compared: list[int] = []  # rows (both sides) compared value by value, per check
+    row_differences = reconcile._row_differences
+
+    def counted(left, right, *args):
+        compared.append(left.count() + right.count())
+        return row_differences(left, right, *args)
+
+    monkeypatch.setattr(reconcile, "_row_differences", counted)
 
     name = "cdc_test_verify"
     pair = fresh_test_table(spark, app_conn, name)
@@ -1191,9 +1201,12 @@ def test_verify_explains_changes_in_flight_and_finds_what_they_do_not(
         assert damaged.error is None, damaged.error  # a second run in the same process reads too
         assert [(f.kind, f.examples) for f in damaged.findings] == [("rows that differ", ("key k00550",))]
         catch_up(sync)
+        compared.clear()
         settled = verify()
         assert [(f.kind, f.examples) for f in settled.findings] == [("rows that differ", ("key k00550",))]
         assert not any("in flight" in note for note in settled.notes)
+        # ~30 buckets of ~20 rows a side: the one that differs, not the ~1,200 rows (4x margin)
+        assert len(compared) == 1 and 0 < compared[0] <= 4 * 2 * 20, compared
     finally:
         conn.close()
 

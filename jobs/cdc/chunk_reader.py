@@ -55,8 +55,9 @@ ARROW_PARSED_CONVERSIONS = {
 class Pace:
     """How a reader leaves the box (and the source) to others: `niceness` added to its process's CPU
     priority, and `rest_ratio` seconds of rest per second of reading a chunk (gh-ost's `--nice-ratio`:
-    1.0 reads at half speed at most). On a 2-core box a niced process still slows the others: a busy
-    loop at nice 19 made the stream's commits' p95 0.3 s slower (`python -m bench cdc_resync`)."""
+    1.0 reads at half speed at most). On a 2-core box a niced process still slows the others: with a
+    busy loop at nice 19 beside it, the no-resync p95 of `python -m bench cdc_resync` was 1.60 s
+    (1.25-1.37 s without: measured by hand, not a bench row)."""
 
     niceness: int = 0
     rest_ratio: float = 0.0

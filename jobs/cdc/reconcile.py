@@ -6,9 +6,10 @@ copy it re-snapshotted beside the stream, before swapping it in (`resync.py`):
 1. Pin the lake table's snapshot and the binlog position P stored with it.
 2. Read the source table in primary-key chunks (the snapshot's lock-free reads, converted to the
    lake's types the way the snapshot converts them), then the binlog end E.
-3. Compare the two as multisets of rows over the columns both have (`exceptAll` both ways:
-   `_differences`): first each side's row count and row-hash sum per bucket of keys, then the rows
-   of the buckets that differ, value by value.
+3. Compare the two as multisets of rows over the columns both have (`exceptAll` both ways): first
+   each side's row count and row-hash sum per bucket of keys (`BucketSums`: the lake's, and each
+   source piece's as it is read), then the rows of the buckets that differ, value by value
+   (`_in_buckets`).
 4. A key that differs may only be in flight: changed in the source after P, so the lake (at P) and
    the read (somewhere before E) may see different versions. The binlog between P and E is read for
    that table; a differing key changed there is explained, not a mismatch. What remains is real.
@@ -29,7 +30,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -38,13 +39,14 @@ from jobs.cdc.binlog_reader import BinlogPosition, BinlogReader, DdlEvent
 from jobs.cdc.chunk_reader import FULL_SPEED, Pace
 from jobs.cdc.snapshot import WHOLE_TABLE, piece_frames, rows_frame
 from jobs.cdc.source_db import SourceTable
+from jobs.common.lake_tables import load_iceberg_table
 from jobs.common.sql_text import identifier
 
 CHUNK_ROWS = 10_000
 FRAME_ROWS = 200_000  # source rows per DataFrame handed to Spark
 TASK_ROWS = 100_000  # rows (both sides) per task of the comparison's shuffle
 BUCKET_ROWS = 1_000  # source rows per bucket of keys in the comparison's first pass
-MAX_BUCKETS = 1 << 16  # ... at most: the first pass collects one row per bucket that differs
+MAX_BUCKETS = 1 << 16  # ... at most: the first pass collects a row per bucket, per side and piece
 BINLOG_TIMEOUT_SECONDS = 120.0
 
 
@@ -194,7 +196,7 @@ class BucketSums:
             values += [column, column.isNull()] if name in nullable else [column]
         self._hash = F.xxhash64(*values)
 
-    def bucket(self):
+    def bucket(self) -> Column:
         return F.pmod(F.xxhash64(*(F.col(identifier(k)) for k in self.key)), F.lit(self.buckets))
 
     def of(self, frame: DataFrame) -> Sums:
@@ -228,7 +230,7 @@ def _in_buckets(
     """`_row_differences` of the rows in the `differing` buckets."""
     if not differing:
         return [], []
-    if len(differing) < sums.buckets:
+    if len(differing) <= sums.buckets // 2:  # (more: one literal per bucket would cost more than it saves)
         bucket = sums.bucket()
         left, right = left.where(bucket.isin(differing)), right.where(bucket.isin(differing))
         rows = -(-rows * len(differing) // sums.buckets)
@@ -328,6 +330,12 @@ def _compared(source: SourceTable, src: DataFrame, lake: DataFrame, notes: list[
     )
 
 
+def _lake_rows(spark, table: str, snapshot: int) -> int:
+    """The rows `table` held at `snapshot`, from its summary (free)."""
+    found = load_iceberg_table(spark, table).snapshot(snapshot)
+    return int(found.summary().get("total-records") or 0) if found is not None else 0
+
+
 def compare(
     spark,
     conn,
@@ -348,7 +356,9 @@ def compare(
     notes: list[str] = []
     shape, right = _compared(source, rows_frame(spark, source, []), lake, notes)
     key = source.key
-    sums = BucketSums(key, bucket_count(source_db.estimated_rows(conn, source)), shape, right, max_tasks)
+    # InnoDB's estimate may be days old (MySQL 8 caches it) and the table new: the lake's count too.
+    rows = max(source_db.estimated_rows(conn, source), _lake_rows(spark, table, snapshot))
+    sums = BucketSums(key, bucket_count(rows), shape, right, max_tasks)
     source_sums: Sums = {}
     lake_sums: list[Sums] = []
 

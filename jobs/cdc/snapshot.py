@@ -291,7 +291,8 @@ def build_staging(
     `cdc-snapshot`): a long snapshot's rate on the dashboard, not only in the log. `cancelled`, once
     set, stops the copy at the next piece (`SnapshotCancelled`; the staging table stays, for the next
     start's clean-up). `on_position(B)` is called as soon as B is known, before the copy. `pace`:
-    the reader processes'; `max_tasks`: Spark tasks writing a piece (default: one per slot)."""
+    the reader processes'; `max_tasks`: Spark tasks writing a piece (default: one per slot; a piece
+    of more rows than `commit_rows` may take one more)."""
     source = source_db.describe_table(conn, source_schema, source_name)
     columns = [(c.name, c.spark_type) for c in source.columns]  # UnsupportedType before any write
     if not resume:
@@ -408,8 +409,8 @@ def _copy_chunks(
             )
         )
         log.debug(
-            "snapshot %s: waited %.2f s for %d rows, committed them in %.2f s",
-            source.qualified, appending - waited, piece.rows, committed - appending,
+            "snapshot %s: waited %.2f s for %d rows (its reader rested %.2f s), committed them in %.2f s",
+            source.qualified, appending - waited, piece.rows, piece.rested, committed - appending,
         )  # fmt: skip
         done = all(r.done for r in progress.ranges)
         _log_progress(source, progress, estimate, began, rows_at_start, done)
@@ -434,7 +435,8 @@ def piece_frames(
     started at once, reads and converts the next pieces while the caller uses this one, pieces
     coming as they are ready; without, `conn` reads the ranges in turn. Empty pieces are skipped.
     Close the iterator (`contextlib.closing`): that stops the readers, also before the first piece.
-    `pace`: the reader processes' (`ChunkReader`); `max_tasks`: Spark tasks per piece at most."""
+    `pace`: the reader processes' (`ChunkReader`); `max_tasks`: Spark tasks per piece of
+    `piece_rows` (one more for a piece that ends past it, in a chunk)."""
     todo = [(index, key_range) for index, key_range in enumerate(ranges) if not key_range.done]
     if reader_connection is None:
         return _pieces_in_turn(spark, conn, source, todo, chunk_rows, piece_rows, pace.rest_ratio)
